@@ -1,0 +1,90 @@
+"""Optional fit outputs, compiled once per job: pointwise log-likelihood and posterior predictive draws.
+
+Both functions are compiled from the reference model and read its ``pm.Data`` containers, into
+which each dataset's values are loaded before sampling; so one compile serves the whole batch
+and no value from a previous dataset can linger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from batchfit.config import OutputSettings
+
+
+class ExtraGroups:
+    """Compute the ``log_likelihood`` and ``posterior_predictive`` groups that the config asks for."""
+
+    def __init__(self, template: Any, outputs: OutputSettings):
+        self.template = template
+        self._loglik = _loglik_function(template) if outputs.log_likelihood else None
+        self._predict = _predictive_function(template) if outputs.posterior_predictive else None
+
+    def compute(self, model: Any, tree: Any, compiled: Any, seed: int) -> dict[str, Any]:
+        """Groups for one sampled dataset (whose values are loaded in the template)."""
+        groups = {}
+        posterior = tree["posterior"].ds
+        if self._loglik is not None:
+            fn, names = self._loglik
+            groups["log_likelihood"] = _per_draw(fn, names, posterior, model, self.template.observed_RVs)
+        if self._predict is not None:
+            from pymc.pytensorf import reseed_rngs
+            from pytensor.tensor.random.type import RandomGeneratorType
+
+            fn, names = self._predict
+            rngs = [v for v in fn.get_shared() if isinstance(v.type, RandomGeneratorType)]
+            reseed_rngs(rngs, seed)
+            groups["posterior_predictive"] = _per_draw(fn, names, posterior, model, self.template.observed_RVs)
+        return groups
+
+
+def _loglik_function(template: Any) -> tuple[Any, list[str]]:
+    """Elementwise log density of each observed variable given constrained parameter values."""
+    import pytensor
+    from pymc.model.transform.conditioning import remove_value_transforms
+
+    untransformed = remove_value_transforms(template)
+    inputs = [untransformed.rvs_to_values[rv] for rv in untransformed.free_RVs]
+    terms = untransformed.logp(vars=untransformed.observed_RVs, sum=False)
+    fn = pytensor.function(inputs, terms, on_unused_input="ignore")
+    return fn, [rv.name for rv in untransformed.free_RVs]
+
+
+def _predictive_function(template: Any) -> tuple[Any, list[str]]:
+    """Draws of the observed variables given the posterior values of the free variables."""
+    from pymc.sampling.forward import compile_forward_sampling_function
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    frozen = {v for v in template.named_vars.values() if isinstance(v, SharedVariable)}
+    frozen |= {v for v in template.dim_lengths.values() if isinstance(v, SharedVariable)}
+    fn, _ = compile_forward_sampling_function(
+        outputs=list(template.observed_RVs),
+        vars_in_trace=[*template.free_RVs, *template.deterministics],
+        basic_rvs=template.basic_RVs,
+        freeze_vars=frozen,
+        random_seed=0,
+    )
+    return fn, [i.variable.name for i in fn.maker.inputs if not i.implicit]
+
+
+def _per_draw(fn: Any, names: list[str], posterior: Any, model: Any, observed: list[Any]) -> Any:
+    """Evaluate ``fn`` at every (chain, draw) of the posterior; an xarray Dataset of the results."""
+    import xarray as xr
+
+    n_chain, n_draw = posterior.sizes["chain"], posterior.sizes["draw"]
+    values = {name: posterior[name].values for name in names}
+    results: list[list[np.ndarray]] = [[] for _ in observed]
+    for c in range(n_chain):
+        for d in range(n_draw):
+            outs = fn(*(values[name][c, d] for name in names))
+            for store, out in zip(results, outs, strict=True):
+                store.append(np.asarray(out))
+    variables = {}
+    for rv, store in zip(observed, results, strict=True):
+        arr = np.stack(store).reshape(n_chain, n_draw, *store[0].shape)
+        dims = model.named_vars_to_dims.get(rv.name) or tuple(f"{rv.name}_dim_{i}" for i in range(arr.ndim - 2))
+        variables[rv.name] = (("chain", "draw", *dims), arr)
+    coords = {"chain": posterior["chain"].values, "draw": posterior["draw"].values}
+    return xr.Dataset(variables, coords=coords)

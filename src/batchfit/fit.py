@@ -1,0 +1,261 @@
+"""Fit a batch of datasets with one compiled model: load, check, build, sample, write, per dataset.
+
+One job compiles (or loads from the cache) once and then only swaps data: every dataset's model
+is built by the user's ``build_model`` (cheap Python), checked to have the reference structure,
+and sampled with the cached callbacks. A dataset that fails at any stage is recorded in
+``failures/{id}.json`` and, with ``on_error: continue``, the batch goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchfit import __version__
+from batchfit.atomic import atomic_path
+from batchfit.cache import CacheDir, open_cache
+from batchfit.compile import CompiledModel, ModelSource, compile_model
+from batchfit.config import Config
+from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
+from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.extras import ExtraGroups
+from batchfit.modelfile import (
+    build_model,
+    describe_difference,
+    file_hash,
+    load_model_file,
+    observed_and_constant_data,
+    requirements,
+)
+
+log = logging.getLogger("batchfit")
+
+
+def dataset_seed(global_seed: int, dataset_id: str) -> int:
+    """A dataset's seed: from the global seed and its id only, never its position in a batch."""
+    digest = hashlib.sha256(f"{global_seed}:{dataset_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class Reference:
+    """The dataset whose model defines the structure, dtypes and compile for the whole sweep."""
+
+    dataset: Dataset
+    model: Any
+    requirements: dict[str, Any]
+
+
+def reference_model(config: Config, paths: dict[str, Path]) -> Reference:
+    """Build the model for the first dataset (by id) that loads and builds.
+
+    Every job uses the same reference, so all datasets get the same dtypes and share one
+    cache entry however they are batched.
+    """
+    module = load_model_file(config.model)
+    errors = []
+    for dataset_id, path in paths.items():
+        try:
+            dataset = load_dataset(dataset_id, path)
+            model = build_model(module, dataset)
+            reqs = requirements(model)
+            check_dataset(dataset, reqs)
+            return Reference(dataset, model, reqs)
+        except BatchfitError as exc:
+            errors.append(str(exc))
+            if len(errors) >= 3:
+                break
+    raise ModelContractError("no dataset could be loaded and built into a model:\n  " + "\n  ".join(errors))
+
+
+def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference, CompiledModel]:
+    """Open the cache, find datasets, build the reference model and load or compile it."""
+    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
+    paths = discover_datasets(config)
+    ref = reference_model(config, paths)
+    source = ModelSource(Path(config.model).resolve(), ref.dataset.id, Path(ref.dataset.path).resolve())
+    compiled = compile_model(ref.model, cache, source=source, lock_timeout=config.cache.lock_timeout)
+    log.info("compile: %s", compiled.report.line())
+    return cache, paths, ref, compiled
+
+
+@dataclass
+class Outcome:
+    """What happened to one dataset in a batch."""
+
+    dataset: str
+    status: str  # "ok" or "failed"
+    seconds: float
+    stage: str | None = None
+    error_type: str | None = None
+    message: str | None = None
+
+
+@dataclass
+class BatchReport:
+    """The outcomes of one batch, written as the batch manifest."""
+
+    batch: str
+    compile: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(o.status == "failed" for o in self.outcomes)
+
+
+class Fitter:
+    """Fits datasets of one model structure with one compiled model."""
+
+    def __init__(self, config: Config, ref: Reference, compiled: CompiledModel):
+        self.config = config
+        self.ref = ref
+        self.compiled = compiled
+        self.module = load_model_file(config.model)
+        self.model_hash = file_hash(config.model)
+        self.extras = ExtraGroups(ref.model, config.outputs)
+
+    def build(self, dataset: Dataset) -> Any:
+        """Check ``dataset`` against the reference, cast it to the reference dtypes, build its model."""
+        coerced = coerce_for_model(dataset, self.ref.requirements)
+        dataset = dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
+        model = build_model(self.module, dataset)
+        if not self.compiled.matches(model):
+            raise ModelContractError(
+                f"the model built for dataset '{dataset.id}' ({dataset.path}) does not have the same "
+                f"structure as the one compiled: {describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)}"
+            )
+        return model
+
+    def sample(self, model: Any, dataset: Dataset, *, threads: int) -> Any:
+        """Sample one dataset's posterior with the compiled callbacks; return its DataTree."""
+        import nutpie
+
+        s = self.config.sampler
+        seed = dataset_seed(s.seed, dataset.id)
+        tree = nutpie.sample(
+            self.compiled.sampler_for(model), draws=s.draws, tune=s.tune, chains=s.chains,
+            cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+            progress_bar=False, save_warmup=False,
+        )
+        return self.finish(tree, model, dataset, seed)
+
+    def finish(self, tree: Any, model: Any, dataset: Dataset, seed: int) -> Any:
+        """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
+        import xarray as xr
+
+        observed, constant = observed_and_constant_data(model)
+        groups = {"observed_data": _dataset(observed, model), "constant_data": _dataset(constant, model)}
+        groups.update(self.extras.compute(model, tree, self.compiled, seed))
+        for name, ds in groups.items():
+            tree[name] = xr.DataTree(ds)
+        tree.attrs.update({
+            "batchfit_version": __version__,
+            "dataset": dataset.id,
+            "source": str(dataset.path),
+            "model_file": str(self.config.model),
+            "model_hash": self.model_hash,
+            "seed": seed,
+            "sampler": json.dumps(self.config.sampler_dict(), sort_keys=True),
+            "compile_key": self.compiled.key,
+        })
+        return tree
+
+
+def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any) -> Any:
+    """An xarray Dataset from name -> (dims, array), with the model's coordinate labels."""
+    import xarray as xr
+
+    variables = {}
+    coords = {}
+    for name, (dims, value) in arrays.items():
+        dims = dims or tuple(f"{name}_dim_{i}" for i in range(value.ndim))
+        variables[name] = (dims, value)
+        for dim in dims:
+            labels = model.coords.get(dim)
+            if labels is not None:
+                coords[dim] = list(labels)
+    return xr.Dataset(variables, coords=coords)
+
+
+def write_fit(tree: Any, path: Path) -> None:
+    """Write one dataset's DataTree atomically (never a half-written file under the final name)."""
+    with atomic_path(path) as tmp:
+        tree.to_netcdf(tmp, engine="h5netcdf")
+
+
+def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
+    """Fit ``dataset_ids`` in this process with one compile; write fits, failures and the manifest.
+
+    With ``on_error: stop`` the first failure is raised after the manifest is written; with
+    ``continue`` it is recorded and the batch goes on. Already written fits are never removed.
+    """
+    cache, paths, ref, compiled = prepare(config)
+    fitter = Fitter(config, ref, compiled)
+    report = BatchReport(batch_id, compiled.report.line())
+    try:
+        for dataset_id in dataset_ids:
+            outcome = fit_one(fitter, dataset_id, paths, threads=threads)
+            report.outcomes.append(outcome)
+            log.info("%s: %s in %.2f s%s", dataset_id, outcome.status, outcome.seconds,
+                     f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
+            if outcome.status == "failed" and config.on_error == "stop":
+                raise BatchfitError(f"dataset '{dataset_id}' failed at {outcome.stage}: {outcome.message}")
+    finally:
+        write_manifest(config, report)
+    return report
+
+
+def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads: int) -> Outcome:
+    """Fit one dataset, turning any failure into a recorded Outcome."""
+    config = fitter.config
+    start = time.perf_counter()
+    stage = "load"
+    try:
+        if dataset_id not in paths:
+            raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
+        dataset = load_dataset(dataset_id, paths[dataset_id])
+        stage = "build"
+        model = fitter.build(dataset)
+        stage = "sample"
+        tree = fitter.sample(model, dataset, threads=threads)
+        stage = "write"
+        write_fit(tree, config.fit_path(dataset_id))
+    except Exception as exc:  # isolate the dataset; the failure record says what to fix
+        outcome = Outcome(dataset_id, "failed", time.perf_counter() - start, stage,
+                          type(exc).__name__, one_line(exc))
+        record_failure(config, outcome, paths.get(dataset_id))
+        return outcome
+    config.failure_path(dataset_id).unlink(missing_ok=True)
+    return Outcome(dataset_id, "ok", time.perf_counter() - start)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line, without the native stack trace nutpie appends to its errors."""
+    text = str(exc).split("Stack backtrace:")[0]
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
+    """Write a dataset's failure record atomically (read by collect into failures.csv)."""
+    record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
+              "error_type": outcome.error_type, "message": outcome.message}
+    with atomic_path(config.failure_path(outcome.dataset)) as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+
+
+def write_manifest(config: Config, report: BatchReport) -> None:
+    """Write the batch manifest (the fit rule's declared output) atomically."""
+    data = {"batch": report.batch, "compile": report.compile,
+            "datasets": {o.dataset: dataclasses.asdict(o) for o in report.outcomes}}
+    with atomic_path(config.batch_manifest_path(report.batch)) as tmp:
+        tmp.write_text(json.dumps(data, indent=1))

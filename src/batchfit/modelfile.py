@@ -1,0 +1,176 @@
+"""Load a user's model file and build its PyMC model for a dataset, checking batchfit's contract.
+
+The contract (README, "Writing a model"): the file defines ``build_model(data) -> pm.Model``;
+every array that differs between datasets enters the model as ``pm.Data(name, data[name])``
+under its column's name, and dimension labels come from ``data.coords``. Then one compiled
+model serves every dataset, because datasets differ only in the values of those containers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from batchfit.data import DataRequirement, Dataset
+from batchfit.errors import BatchfitError, ModelContractError
+
+_MODULES: dict[tuple[Path, str], ModuleType] = {}
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of the model file, recorded in every output."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_model_file(path: Path) -> ModuleType:
+    """Import the model file (once per content) and check that it defines ``build_model``."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise ModelContractError(f"model file {path} does not exist")
+    digest = file_hash(path)
+    if (path, digest) in _MODULES:
+        return _MODULES[(path, digest)]
+    name = f"batchfit_model_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelContractError(f"model file {path} cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise ModelContractError(f"importing model file {path} failed: {type(exc).__name__}: {exc}") from exc
+    if not callable(getattr(module, "build_model", None)):
+        raise ModelContractError(
+            f"model file {path} defines no function build_model(data); batchfit calls it with each "
+            "dataset and expects a pm.Model back (see README, 'Writing a model')"
+        )
+    _MODULES[(path, digest)] = module
+    return module
+
+
+def build_model(module: ModuleType, dataset: Dataset) -> Any:
+    """Call the user's ``build_model`` for one dataset and check what comes back."""
+    import pymc as pm
+
+    try:
+        model = module.build_model(dataset)
+    except BatchfitError:
+        raise
+    except Exception as exc:
+        raise ModelContractError(
+            f"build_model failed for dataset '{dataset.id}' ({dataset.path}): {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(model, pm.Model):
+        raise ModelContractError(
+            f"build_model returned {type(model).__name__} for dataset '{dataset.id}'; it must return a pm.Model"
+        )
+    check_containers(model, dataset)
+    return model
+
+
+def data_containers(model: Any) -> dict[str, Any]:
+    """The model's ``pm.Data`` containers by name."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    return {name: var for name, var in model.named_vars.items() if isinstance(var, SharedVariable)}
+
+
+def requirements(model: Any) -> dict[str, DataRequirement]:
+    """Rank and dtype of every column the model reads: later datasets must match them."""
+    return {name: DataRequirement(ndim=var.type.ndim, dtype=np.dtype(var.type.dtype))
+            for name, var in data_containers(model).items()}
+
+
+def check_containers(model: Any, dataset: Dataset) -> None:
+    """Every ``pm.Data`` must be a column; no column may be baked into the graph as a constant."""
+    missing = [name for name in data_containers(model) if name not in dataset]
+    if missing:
+        raise ModelContractError(
+            f"pm.Data container(s) {', '.join(repr(m) for m in missing)} have no column in dataset "
+            f"'{dataset.id}' ({dataset.path}); columns are: {', '.join(sorted(dataset.keys()))}. "
+            "Name each pm.Data after the column it holds: pm.Data('x', data['x'])."
+        )
+    baked = baked_in_columns(model, dataset)
+    if baked:
+        col, var = baked[0]
+        raise ModelContractError(
+            f"column '{col}' of dataset '{dataset.id}' is baked into the model as a constant "
+            f"(used by model variable '{var}') instead of entering through pm.Data, so every "
+            "dataset would silently reuse the first dataset's values. Fix: in build_model write "
+            f"pm.Data('{col}', data['{col}']) and use that."
+        )
+
+
+def baked_in_columns(model: Any, dataset: Dataset) -> list[tuple[str, str]]:
+    """Columns whose values appear as constants in the model graph, with a variable using them."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+
+    containers = data_containers(model)
+    columns = {name: np.asarray(arr) for name, arr in dataset.arrays.items()
+               if name not in containers and np.ndim(arr) >= 1 and np.size(arr) > 1}
+    if not columns:
+        return []
+    outputs = [*model.free_RVs, *model.observed_RVs, *model.deterministics, *model.potentials]
+    found = []
+    for out in outputs:
+        for var in graph_inputs([out]):
+            if not isinstance(var, Constant) or np.ndim(var.data) == 0:
+                continue
+            data = np.asarray(var.data)
+            for name, col in columns.items():
+                if data.shape == col.shape and np.array_equal(data, col):
+                    found.append((name, out.name))
+    return found
+
+
+def describe_difference(template: Any, model: Any, dataset: Dataset, template_id: str) -> str:
+    """Explain why ``model`` (for ``dataset``) does not share the template's structure."""
+    expected = requirements(template)
+    for name, req in requirements(model).items():
+        want = expected.get(name)
+        if want is None:
+            return f"it has a pm.Data container '{name}' that the model built for '{template_id}' lacks"
+        if want.ndim != req.ndim:
+            return (f"pm.Data '{name}' has rank {req.ndim} here but {want.ndim} for dataset "
+                    f"'{template_id}'; every dataset must give column '{name}' the same rank")
+        if want.dtype != req.dtype:
+            return (f"pm.Data '{name}' has dtype {req.dtype} here but {want.dtype} for dataset "
+                    f"'{template_id}'; fix the column's type in the data or cast it in build_model, "
+                    f"e.g. pm.Data('{name}', data['{name}'].astype('{want.dtype}'))")
+    return ("its graph differs from the one built for dataset "
+            f"'{template_id}' (a value that varies between datasets is probably a Python constant "
+            "rather than pm.Data, or build_model branches on the data)")
+
+
+def observed_and_constant_data(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Arrays for the ``observed_data`` and ``constant_data`` groups, with their dims."""
+    observed_values = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    observed, constant = {}, {}
+    for rv in model.observed_RVs:
+        observed[rv.name] = (_dims(model, rv.name), np.asarray(model.rvs_to_values[rv].eval()
+                                                              if not hasattr(model.rvs_to_values[rv], "get_value")
+                                                              else model.rvs_to_values[rv].get_value()))
+    for name, var in data_containers(model).items():
+        if var not in observed_values:
+            constant[name] = (_dims(model, name), np.asarray(var.get_value()))
+    return observed, constant
+
+
+def _dims(model: Any, name: str) -> tuple[str, ...] | None:
+    dims = model.named_vars_to_dims.get(name)
+    return tuple(dims) if dims else None
+
+
+def coords_of(model: Any) -> Mapping[str, Any]:
+    """The model's coordinate values (labels from the dataset)."""
+    return {name: vals for name, vals in model.coords.items() if vals is not None}
