@@ -1,0 +1,358 @@
+"""Load and validate a batchfit config file into a typed, immutable `Config`.
+
+The packaged JSON Schema (`config.schema.yaml`) is the single source of the allowed keys,
+their types, ranges and defaults; Snakemake validates against the same file. This module
+turns schema violations into `ConfigError`s that name the key and the config file.
+
+Relative paths in a config are relative to the current working directory (the directory
+Snakemake or the batchfit command runs in), not to the config file.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import importlib.resources
+import math
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from batchfit.errors import ConfigError
+
+DICT_SOURCE = "<dict>"
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """NUTS settings used for every dataset."""
+
+    draws: int
+    tune: int
+    chains: int
+    target_accept: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Optional groups stored with each fit."""
+
+    log_likelihood: bool
+    posterior_predictive: bool
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Thresholds a fit must meet to count as healthy."""
+
+    max_r_hat: float
+    min_ess_bulk: float
+    max_divergences: int
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Behaviour of the compiled-model cache."""
+
+    lock_timeout: float
+    trust_shared: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated batchfit config; `source` is the config file (or "<dict>") for messages."""
+
+    model: Path
+    datasets: tuple[str, ...]
+    sampler: SamplerSettings
+    batch_size: int
+    cache_dir: Path
+    results_dir: Path
+    on_error: str
+    outputs: OutputSettings
+    health: HealthSettings
+    allow_object_mode: bool
+    cache: CacheSettings
+    source: str
+
+    def fit_path(self, dataset_id: str) -> Path:
+        """Where the posterior of one dataset is written."""
+        return self.results_dir / "fits" / f"{dataset_id}.nc"
+
+    def failure_path(self, dataset_id: str) -> Path:
+        """Where the failure record of one dataset is written."""
+        return self.results_dir / "failures" / f"{dataset_id}.json"
+
+    def batch_manifest_path(self, batch_id: str) -> Path:
+        """Where the manifest of one batch of datasets is written."""
+        return self.results_dir / "batches" / f"{batch_id}.json"
+
+    @property
+    def posteriors_path(self) -> Path:
+        """The combined posterior of all datasets."""
+        return self.results_dir / "posteriors.nc"
+
+    @property
+    def summary_path(self) -> Path:
+        """The per-dataset summary table."""
+        return self.results_dir / "summary.csv"
+
+    @property
+    def failures_csv_path(self) -> Path:
+        """The table of datasets that failed."""
+        return self.results_dir / "failures.csv"
+
+    def sampler_dict(self) -> dict[str, int | float]:
+        """Sampler settings as a plain dict, recorded as attributes in the outputs."""
+        s = self.sampler
+        return {
+            "draws": s.draws,
+            "tune": s.tune,
+            "chains": s.chains,
+            "target_accept": s.target_accept,
+            "seed": s.seed,
+        }
+
+
+@functools.cache
+def config_schema() -> dict[str, Any]:
+    """The packaged JSON Schema of the config (also used by Snakemake's `validate`)."""
+    text = importlib.resources.files("batchfit").joinpath("config.schema.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, validate and fill defaults of a YAML config file; check the model file exists."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the config file: {_reason(exc)}", source=source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_reason(exc), source=source) from None
+    if data is None:
+        raise ConfigError("the config file is empty; it needs at least 'model' and 'datasets'", source=source)
+    config = config_from_dict(data, source=source)
+    if not config.model.is_file():
+        state = "is not a file" if config.model.exists() else "does not exist"
+        raise ConfigError(
+            f"model file '{config.model}' {state} (relative paths are resolved against the "
+            f"current directory {Path.cwd()})",
+            key="model",
+            source=source,
+        )
+    return config
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Config:
+    """Validate a config mapping against the schema, fill defaults, and build a `Config`.
+
+    The input is not modified. Does not touch the file system (see `load_config`).
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"the config must be a mapping of keys to values, got {_describe(data)}", source=source
+        )
+    filled = copy.deepcopy(dict(data))
+    schema = config_schema()
+    _fill_defaults(filled, schema)
+    problems = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(filled),
+        key=lambda e: (_key_path(e.absolute_path), e.validator),
+    )
+    messages = [m for error in problems for m in _explain(error)]
+    reported = {key for key, _ in messages}
+    messages.extend(m for m in _unrepresentable_numbers(filled, "") if m[0] not in reported)
+    if messages:
+        (key, first), *others = messages
+        text = first + "".join(f"; also key '{k}': {m}" for k, m in others)
+        raise ConfigError(text, key=key, source=source)
+    return _build(filled, source)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """The config as JSON-able plain data; `config_from_dict` of it gives an equal `Config`."""
+    return {
+        "model": str(config.model),
+        "datasets": list(config.datasets),
+        "sampler": config.sampler_dict(),
+        "batch_size": config.batch_size,
+        "cache_dir": str(config.cache_dir),
+        "results_dir": str(config.results_dir),
+        "on_error": config.on_error,
+        "outputs": {
+            "log_likelihood": config.outputs.log_likelihood,
+            "posterior_predictive": config.outputs.posterior_predictive,
+        },
+        "health": {
+            "max_r_hat": config.health.max_r_hat,
+            "min_ess_bulk": config.health.min_ess_bulk,
+            "max_divergences": config.health.max_divergences,
+        },
+        "allow_object_mode": config.allow_object_mode,
+        "cache": {
+            "lock_timeout": config.cache.lock_timeout,
+            "trust_shared": config.cache.trust_shared,
+        },
+    }
+
+
+def _build(d: dict[str, Any], source: str) -> Config:
+    """Turn a validated, default-filled mapping into a `Config`."""
+    s, o, h, c = d["sampler"], d["outputs"], d["health"], d["cache"]
+    return Config(
+        model=Path(d["model"]),
+        datasets=tuple(d["datasets"]),
+        sampler=SamplerSettings(
+            draws=int(s["draws"]),
+            tune=int(s["tune"]),
+            chains=int(s["chains"]),
+            target_accept=float(s["target_accept"]),
+            seed=int(s["seed"]),
+        ),
+        batch_size=int(d["batch_size"]),
+        cache_dir=Path(d["cache_dir"]),
+        results_dir=Path(d["results_dir"]),
+        on_error=d["on_error"],
+        outputs=OutputSettings(
+            log_likelihood=o["log_likelihood"], posterior_predictive=o["posterior_predictive"]
+        ),
+        health=HealthSettings(
+            max_r_hat=float(h["max_r_hat"]),
+            min_ess_bulk=float(h["min_ess_bulk"]),
+            max_divergences=int(h["max_divergences"]),
+        ),
+        allow_object_mode=d["allow_object_mode"],
+        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"]),
+        source=source,
+    )
+
+
+def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:
+    """Fill missing keys from schema defaults, at every level (as Snakemake's validate does)."""
+    for name, sub in schema.get("properties", {}).items():
+        if name not in instance and "default" in sub:
+            instance[name] = copy.deepcopy(sub["default"])
+        if isinstance(instance.get(name), dict):
+            _fill_defaults(instance[name], sub)
+
+
+_TYPE_NAMES = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping of keys to values",
+    "array": "a list",
+}
+
+_BOUNDS = {
+    "minimum": ">=",
+    "exclusiveMinimum": ">",
+    "maximum": "<=",
+    "exclusiveMaximum": "<",
+}
+
+
+def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
+    """(key path, human message) pairs for one schema violation."""
+    key = _key_path(error.absolute_path)
+    kind, expected, value = error.validator, error.validator_value, error.instance
+    if kind == "type":
+        yield key, f"must be {_TYPE_NAMES.get(expected, expected)}, got {_describe(value)}"
+    elif kind in _BOUNDS:
+        yield key, f"must be {_BOUNDS[kind]} {expected}, got {_describe(value)}"
+    elif kind == "enum":
+        allowed = ", ".join(repr(v) for v in expected)
+        yield key, f"must be one of {allowed}, got {_describe(value)}"
+    elif kind == "minLength":
+        yield key, "must not be empty"
+    elif kind == "minItems":
+        yield key, f"must list at least {expected} entry (a file or glob pattern), got an empty list"
+    elif kind == "required":
+        for name in expected:
+            if name not in value:
+                yield _child(key, name), f"missing required key '{name}'"
+    elif kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        for name in value:
+            if name not in allowed:
+                yield _child(key, name), _unknown_key(name, allowed)
+    else:
+        yield key, error.message
+
+
+def _unknown_key(name: object, allowed: list[str]) -> str:
+    """Message for an unknown key, with a did-you-mean suggestion when one is close."""
+    message = f"unknown key {name!r}"
+    close = difflib.get_close_matches(str(name), allowed, n=1)
+    if close:
+        message += f"; did you mean '{close[0]}'?"
+    return message + f" (allowed here: {', '.join(allowed)})"
+
+
+def _unrepresentable_numbers(value: object, key: str) -> Iterator[tuple[str, str]]:
+    """Flag NaN, infinity and integers beyond float range, which JSON Schema lets through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield key, f"must be a finite number, got {value}"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        yield key, "is too large a number"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _unrepresentable_numbers(v, _child(key, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _unrepresentable_numbers(v, f"{key}[{i}]")
+
+
+def _key_path(path: Iterable[object]) -> str:
+    """Dotted key path of a schema error as users write it: `sampler.draws`, `datasets[0]`."""
+    text = ""
+    for part in path:
+        text = f"{text}[{part}]" if isinstance(part, int) else _child(text, part)
+    return text
+
+
+def _child(key: str, name: object) -> str:
+    """The key path of mapping entry `name` under `key`."""
+    return f"{key}.{name}" if key else str(name)
+
+
+def _describe(value: object) -> str:
+    """A short rendering of a config value for messages, e.g. 'abc', 3, a list."""
+    if isinstance(value, str):
+        return repr(value)
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    """One-line description of a YAML syntax error with its line number."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"invalid YAML{where}: {problem}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The one-line reason of an OS or decoding error."""
+    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]

@@ -1,0 +1,394 @@
+"""Find dataset files, load them into plain arrays, and check them against a model's needs.
+
+A dataset is one file (CSV, Parquet or NetCDF); its id is the file name without suffix.
+Tabular text columns become integer codes 0..K-1 with the sorted labels in `coords`, so
+a model can index a per-group parameter with them directly.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Iterator, KeysView, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from batchfit.config import Config
+from batchfit.errors import ConfigError, DatasetError
+
+_TABULAR = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}
+_NETCDF = {".nc", ".nc4", ".netcdf"}
+SUPPORTED_SUFFIXES = (*_TABULAR, *sorted(_NETCDF))
+_SAFE_ID = re.compile(r"[A-Za-z0-9._+-]+")
+_SAFE_ID_RULE = (
+    "dataset ids (file names without suffix) may only use letters A-Z a-z, digits 0-9 and "
+    "'.', '_', '+', '-', must not start with '.' and must not contain '..'"
+)
+
+
+class MissingColumnError(DatasetError, KeyError):
+    """A model asked a dataset for a column it does not have (also a KeyError)."""
+
+    __str__ = BaseException.__str__  # the plain message, not KeyError's quoted repr
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """One loaded dataset: named arrays plus coordinate labels, as `build_model(data)` sees it."""
+
+    id: str
+    path: Path
+    arrays: dict[str, np.ndarray]
+    coords: dict[str, tuple]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self.arrays[name]
+        except KeyError:
+            raise MissingColumnError(
+                f"no column {name!r}; available columns: {_names(self.arrays)}",
+                dataset=self.id,
+                path=self.path,
+                column=name,
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays
+
+    def keys(self) -> KeysView[str]:
+        """Names of the arrays (columns or NetCDF variables)."""
+        return self.arrays.keys()
+
+    @property
+    def n_rows(self) -> int:
+        """Length of the first axis of the first non-scalar array (the row count of a table)."""
+        return next((a.shape[0] for a in self.arrays.values() if a.ndim), 0)
+
+
+@dataclass(frozen=True)
+class DataRequirement:
+    """What a model needs from one array: its rank and dtype (a str such as "float64" is accepted)."""
+
+    ndim: int
+    dtype: np.dtype
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+
+def discover_datasets(config: Config) -> dict[str, Path]:
+    """Expand the `datasets` patterns (relative to the current directory) into id -> file, sorted by id."""
+    found: dict[str, Path] = {}
+    for pattern in config.datasets:
+        for path in _expand(pattern, config):
+            dataset_id = path.stem
+            _check_suffix(dataset_id, path)
+            _check_id(dataset_id, path)
+            other = found.get(dataset_id)
+            if other is not None and other.resolve() != path.resolve():
+                raise DatasetError(
+                    f"two files have the same dataset id: {other} and {path}; rename one "
+                    "(the id is the file name without its suffix)",
+                    dataset=dataset_id,
+                )
+            found[dataset_id] = path
+    return dict(sorted(found.items()))
+
+
+def _expand(pattern: str, config: Config) -> list[Path]:
+    """Files matched by one pattern (a glob or a plain path); an error if there are none."""
+    if glob.has_magic(pattern):
+        matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
+        files = [p for p in matches if p.is_file()]
+    else:
+        files = [Path(pattern)] if Path(pattern).is_file() else []
+    if files:
+        return files
+    if Path(pattern).is_dir():
+        problem = "is a directory; use a glob such as 'dir/*.csv'"
+    else:
+        problem = (
+            f"matches no file (relative patterns are resolved against the current directory {Path.cwd()})"
+        )
+    raise ConfigError(f"dataset pattern {pattern!r} {problem}", key="datasets", source=config.source)
+
+
+def _check_suffix(dataset_id: str, path: Path) -> None:
+    """Reject files batchfit cannot read, naming the supported suffixes."""
+    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        raise DatasetError(
+            f"unsupported file type {path.suffix or '(no suffix)'!r}; "
+            f"use one of {', '.join(SUPPORTED_SUFFIXES)}",
+            dataset=dataset_id,
+            path=path,
+        )
+
+
+def _check_id(dataset_id: str, path: Path) -> None:
+    """Reject ids that are unsafe as output file names (they name results/fits/<id>.nc)."""
+    safe = (
+        _SAFE_ID.fullmatch(dataset_id) is not None
+        and not dataset_id.startswith(".")
+        and ".." not in dataset_id
+    )
+    if not safe:
+        raise DatasetError(
+            f"the file name gives the unusable dataset id {dataset_id!r}; {_SAFE_ID_RULE}",
+            path=path,
+        )
+
+
+def load_dataset(dataset_id: str, path: Path) -> Dataset:
+    """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError."""
+    path = Path(path)
+    _check_suffix(dataset_id, path)
+    suffix = path.suffix.lower()
+    try:
+        with path.open("rb") as handle:
+            empty = not handle.read(1)
+    except OSError as exc:
+        raise DatasetError(
+            f"cannot read the file: {exc.strerror or exc}", dataset=dataset_id, path=path
+        ) from None
+    if empty:
+        raise DatasetError("the file is empty", dataset=dataset_id, path=path)
+    if suffix in _NETCDF:
+        arrays, coords = _read_netcdf(dataset_id, path)
+    else:
+        frame = _read_table(dataset_id, path, _TABULAR[suffix])
+        arrays, coords = _columns_to_arrays(frame)
+    return Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords)
+
+
+def _read_table(dataset_id: str, path: Path, kind: str) -> pd.DataFrame:
+    """Parse a CSV or Parquet file that has at least one row; any problem is one DatasetError."""
+    try:
+        frame = pd.read_csv(path) if kind == "CSV" else pd.read_parquet(path)
+    # The readers raise many unrelated exception types for malformed input (pandas, pyarrow,
+    # codecs); all of them mean "this file cannot be read as <kind>".
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(
+            f"cannot read the file as {kind}: {_one_line(exc)}", dataset=dataset_id, path=path
+        ) from None
+    if not isinstance(frame.index, pd.RangeIndex) or frame.index.name is not None:
+        frame = frame.reset_index()  # keep a meaningful Parquet index as a column
+    if frame.shape[1] == 0:
+        raise DatasetError("the file has no columns", dataset=dataset_id, path=path)
+    if frame.shape[0] == 0:
+        raise DatasetError("the file has a header but no data rows", dataset=dataset_id, path=path)
+    return frame
+
+
+def _read_netcdf(dataset_id: str, path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+    """Each data variable becomes an array; each 1-D coordinate becomes a coords entry."""
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds.load()
+    # As for tables: malformed files raise assorted h5py/xarray/OS errors.
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(
+            f"cannot read the file as NetCDF: {_one_line(exc)}", dataset=dataset_id, path=path
+        ) from None
+    if not ds.data_vars:
+        raise DatasetError("the file has no data variables", dataset=dataset_id, path=path)
+    arrays = {str(name): np.asarray(var.values) for name, var in ds.data_vars.items()}
+    coords: dict[str, tuple] = {}
+    for name, coord in ds.coords.items():
+        if coord.ndim == 1:
+            coords[str(name)] = tuple(coord.values.tolist())
+        else:
+            arrays[str(name)] = np.asarray(coord.values)
+    return arrays, coords
+
+
+def _columns_to_arrays(frame: pd.DataFrame) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+    """Numeric columns become int64/float64 arrays; other columns become codes plus labels."""
+    arrays: dict[str, np.ndarray] = {}
+    coords: dict[str, tuple] = {}
+    for name, column in frame.items():
+        key = str(name)
+        if not _is_number(column):
+            arrays[key], coords[key] = _encode_labels(column)
+        elif not column.hasnans and _fits_int64(column):
+            arrays[key] = column.to_numpy(dtype=np.int64)  # bool and integer columns
+        else:
+            arrays[key] = column.to_numpy(dtype=np.float64, na_value=np.nan)
+    return arrays, coords
+
+
+def _is_number(column: pd.Series) -> bool:
+    """Bool, integer or real columns, including pandas' nullable Int64/Float64/boolean."""
+    types = pd.api.types
+    return (
+        types.is_numeric_dtype(column.dtype)
+        and not types.is_complex_dtype(column.dtype)
+        and not isinstance(column.dtype, pd.CategoricalDtype)
+    )
+
+
+def _fits_int64(column: pd.Series) -> bool:
+    """True for bool and integer columns whose values all fit in int64."""
+    if pd.api.types.is_bool_dtype(column.dtype):
+        return True
+    if not pd.api.types.is_integer_dtype(column.dtype):
+        return False
+    return (
+        pd.api.types.is_signed_integer_dtype(column.dtype)
+        or int(column.max()) <= np.iinfo(np.int64).max
+    )
+
+
+def _encode_labels(column: pd.Series) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Codes 0..K-1 into the sorted text labels; missing values get code -1."""
+    missing = column.isna().to_numpy()
+    text = column[~missing].astype(str).to_numpy(dtype=object)
+    present, labels = pd.factorize(text, sort=True)
+    codes = np.full(len(column), -1, dtype=np.int64)
+    codes[~missing] = present
+    return codes, tuple(str(label) for label in labels)
+
+
+def check_dataset(
+    dataset: Dataset,
+    requirements: Mapping[str, DataRequirement],
+    *,
+    allow_missing_values: bool = False,
+) -> None:
+    """Raise one DatasetError listing every way the dataset fails the model's requirements.
+
+    NaN is accepted when `allow_missing_values` is true (for models that handle missing
+    data) unless the model needs integers; infinity never is, nor a missing label in a text column.
+    """
+    problems = [
+        (name, problem)
+        for name, req in requirements.items()
+        for problem in _problems(dataset, name, req, allow_missing_values)
+    ]
+    if len(problems) == 1:
+        [(name, problem)] = problems
+        raise DatasetError(problem, dataset=dataset.id, path=dataset.path, column=name)
+    if problems:
+        listing = "".join(f"\n  - {problem}" for _, problem in problems)
+        raise DatasetError(
+            f"{len(problems)} problems with the data the model needs:{listing}",
+            dataset=dataset.id,
+            path=dataset.path,
+        )
+
+
+def coerce_for_model(
+    dataset: Dataset,
+    requirements: Mapping[str, DataRequirement],
+    *,
+    allow_missing_values: bool = False,
+) -> dict[str, np.ndarray]:
+    """The required arrays, checked and cast to the required dtype (C-contiguous)."""
+    check_dataset(dataset, requirements, allow_missing_values=allow_missing_values)
+    return {
+        name: np.ascontiguousarray(dataset.arrays[name], dtype=req.dtype)
+        for name, req in requirements.items()
+    }
+
+
+def _problems(dataset: Dataset, name: str, req: DataRequirement, allow_nan: bool) -> Iterator[str]:
+    """Every reason array `name` cannot be given to the model as `req`; each names the column."""
+    col = f"column {name!r}"
+    if name not in dataset.arrays:
+        yield f"{col} is missing; available columns: {_names(dataset.arrays)}"
+        return
+    array = dataset.arrays[name]
+    if array.ndim != req.ndim:
+        yield f"{col} has {array.ndim} dimension(s) but the model needs {req.ndim}"
+        return
+    wants_int = req.dtype.kind in "biu"
+    labels = dataset.coords.get(name) if array.dtype.kind == "i" else None
+    if labels is not None and not wants_int:
+        yield _text_problem(col, array, labels)
+        return
+    if labels is not None and np.any(array < 0):
+        yield _bad_rows(col, array < 0, "missing labels")
+        return
+    if array.dtype.kind not in "biuf":
+        yield _non_numeric_problem(col, array)
+        return
+    values = array
+    if array.dtype.kind == "f":
+        nan, inf = np.isnan(array), np.isinf(array)
+        if np.any(inf):
+            yield _bad_rows(col, inf, "infinite values")
+        if np.any(nan) and (wants_int or not allow_nan):
+            yield _bad_rows(col, nan, "missing (NaN) values")
+        values = array[np.isfinite(array)]
+        fractional = values[values != np.round(values)]
+        if wants_int and fractional.size:
+            example = fractional[0].item()
+            yield f"{col} has fractional values such as {example!r}, but the model needs integers"
+            return
+    yield from _range_problems(col, values, req.dtype)
+
+
+def _range_problems(col: str, values: np.ndarray, dtype: np.dtype) -> Iterator[str]:
+    """Values that would not survive the cast to `dtype` (overflow, sign, non-0/1 booleans)."""
+    if values.size == 0:
+        return
+    if dtype.kind == "b":
+        if np.any((values != 0) & (values != 1)):
+            yield f"{col} has values other than 0 and 1, but the model needs true/false"
+        return
+    info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype)
+    low, high = values.min().item(), values.max().item()  # Python numbers compare exactly
+    if low < info.min or high > info.max:
+        yield (
+            f"{col} has values from {low!r} to {high!r}, outside the range of the model's "
+            f"type {dtype} ({info.min} to {info.max})"
+        )
+
+
+def _text_problem(col: str, codes: np.ndarray, labels: tuple[str, ...]) -> str:
+    """Message for a text column where the model needs numbers, quoting an offending label."""
+    for code in pd.unique(codes[codes >= 0]):
+        if not _parses_as_number(labels[code]):
+            return f"non-numeric values such as {labels[code]!r} in {col}, but the model needs numbers"
+    example = f" (e.g. {labels[0]!r})" if labels else ""
+    return f"{col} was read as text{example}, but the model needs numbers"
+
+
+def _non_numeric_problem(col: str, array: np.ndarray) -> str:
+    """Message for a non-numeric array (e.g. a NetCDF string variable)."""
+    for value in array.ravel():
+        if not _parses_as_number(str(value)):
+            return f"non-numeric values such as {str(value)!r} in {col}, but the model needs numbers"
+    return f"{col} holds values of type {array.dtype}, but the model needs numbers"
+
+
+def _parses_as_number(text: str) -> bool:
+    """True if the text reads as a number (as Python's float() reads it)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _bad_rows(col: str, mask: np.ndarray, what: str) -> str:
+    """'<what> in <col> in N rows (first at row index i)', counting rows along the first axis."""
+    if mask.ndim == 0:
+        return f"{what} in {col}"
+    rows = mask.reshape(mask.shape[0], -1).any(axis=1)
+    count, first = int(rows.sum()), int(np.argmax(rows))
+    return f"{what} in {col} in {count} row(s) (first at row index {first}, counting from 0)"
+
+
+def _names(arrays: Mapping[str, object]) -> str:
+    """The quoted names of all arrays, for "available columns" lists."""
+    return ", ".join(repr(n) for n in arrays) or "(none)"
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as a single line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -1,0 +1,425 @@
+"""Tests for batchfit.config: schema defaults, validation messages, file checks, round trips."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchfit.config import (
+    CacheSettings,
+    Config,
+    HealthSettings,
+    OutputSettings,
+    SamplerSettings,
+    config_from_dict,
+    config_schema,
+    config_to_dict,
+    load_config,
+)
+from batchfit.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}
+FULL = {
+    "model": "models/m.py",
+    "datasets": ["data/*.csv", "more/a.parquet"],
+    "sampler": {"draws": 200, "tune": 300, "chains": 2, "target_accept": 0.9, "seed": 7},
+    "batch_size": 3,
+    "cache_dir": "cache",
+    "results_dir": "out",
+    "on_error": "stop",
+    "outputs": {"log_likelihood": True, "posterior_predictive": True},
+    "health": {"max_r_hat": 1.05, "min_ess_bulk": 100, "max_divergences": 5},
+    "allow_object_mode": True,
+    "cache": {"lock_timeout": 30, "trust_shared": True},
+}
+
+
+def with_change(path: str, value: object) -> dict:
+    """MINIMAL with one (possibly nested, dotted) key set to `value`."""
+    data = copy.deepcopy(MINIMAL)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return data
+
+
+def config_error(data: object, source: str = "<dict>") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, source=source)
+    return info.value
+
+
+# --- defaults and the Python API -------------------------------------------------------------
+
+
+def test_minimal_config_gets_every_default() -> None:
+    config = config_from_dict(MINIMAL)
+    assert config == Config(
+        model=Path("models/m.py"),
+        datasets=("data/*.csv",),
+        sampler=SamplerSettings(draws=1000, tune=1000, chains=4, target_accept=0.8, seed=2026),
+        batch_size=10,
+        cache_dir=Path(".batchfit-cache"),
+        results_dir=Path("results"),
+        on_error="continue",
+        outputs=OutputSettings(log_likelihood=False, posterior_predictive=False),
+        health=HealthSettings(max_r_hat=1.01, min_ess_bulk=400, max_divergences=0),
+        allow_object_mode=False,
+        cache=CacheSettings(lock_timeout=600, trust_shared=False),
+        source="<dict>",
+    )
+
+
+def test_partial_nested_section_keeps_given_values_and_fills_the_rest() -> None:
+    config = config_from_dict(with_change("sampler.draws", 5))
+    assert config.sampler == SamplerSettings(draws=5, tune=1000, chains=4, target_accept=0.8, seed=2026)
+
+
+def test_full_config_values_are_kept_with_python_types() -> None:
+    config = config_from_dict(FULL, source="run.yaml")
+    assert config.source == "run.yaml"
+    assert config.datasets == ("data/*.csv", "more/a.parquet")
+    assert config.sampler.target_accept == 0.9 and isinstance(config.sampler.draws, int)
+    assert config.on_error == "stop" and config.allow_object_mode is True
+    assert isinstance(config.health.min_ess_bulk, float) and isinstance(config.cache.lock_timeout, float)
+    assert config.cache_dir == Path("cache")
+
+
+def test_input_mapping_is_not_modified() -> None:
+    data = copy.deepcopy(MINIMAL)
+    config_from_dict(data)
+    assert data == MINIMAL
+
+
+def test_config_is_frozen() -> None:
+    config = config_from_dict(MINIMAL)
+    with pytest.raises(AttributeError):
+        config.batch_size = 3  # type: ignore[misc]
+
+
+def test_path_helpers_live_under_results_dir() -> None:
+    config = config_from_dict(FULL)
+    assert config.fit_path("store_07") == Path("out/fits/store_07.nc")
+    assert config.failure_path("store_07") == Path("out/failures/store_07.json")
+    assert config.batch_manifest_path("batch_003") == Path("out/batches/batch_003.json")
+    assert config.posteriors_path == Path("out/posteriors.nc")
+    assert config.summary_path == Path("out/summary.csv")
+    assert config.failures_csv_path == Path("out/failures.csv")
+
+
+def test_sampler_dict_is_plain_data() -> None:
+    assert config_from_dict(FULL).sampler_dict() == FULL["sampler"]
+
+
+@pytest.mark.parametrize("data", [MINIMAL, FULL])
+def test_config_to_dict_round_trips_through_json(data: dict) -> None:
+    config = config_from_dict(data)
+    plain = json.loads(json.dumps(config_to_dict(config)))
+    assert config_from_dict(plain) == config
+
+
+# --- validation messages ----------------------------------------------------------------------
+
+
+def test_wrong_type_names_key_source_and_value() -> None:
+    error = config_error(with_change("sampler.draws", "abc"), source="cfg.yaml")
+    assert error.key == "sampler.draws" and error.source == "cfg.yaml"
+    assert "sampler.draws" in str(error) and "cfg.yaml" in str(error)
+    assert "must be an integer, got 'abc'" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("sampler.draws", 0, ">= 1"),
+        ("sampler.tune", -1, ">= 0"),
+        ("sampler.chains", 0, ">= 1"),
+        ("sampler.target_accept", 0, "> 0"),
+        ("sampler.target_accept", 1, "< 1"),
+        ("sampler.seed", -5, ">= 0"),
+        ("batch_size", 0, ">= 1"),
+        ("cache.lock_timeout", 0, "> 0"),
+        ("health.max_r_hat", 1.0, "> 1"),
+        ("health.min_ess_bulk", -1, ">= 0"),
+        ("health.max_divergences", -1, ">= 0"),
+    ],
+)
+def test_out_of_range_values_are_rejected(key: str, value: object, expected: str) -> None:
+    error = config_error(with_change(key, value))
+    assert error.key == key
+    assert f"must be {expected}, got {value}" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("sampler.seed", 1.5, "must be an integer"),
+        ("sampler.draws", True, "must be an integer, got true"),
+        ("sampler.target_accept", "high", "must be a number, got 'high'"),
+        ("outputs.log_likelihood", "yes", "must be true or false"),
+        ("allow_object_mode", 1, "must be true or false"),
+        ("datasets", "data/*.csv", "must be a list"),
+        ("sampler", None, "must be a mapping"),
+        ("model", 3, "must be a string"),
+        ("on_error", "ignore", "must be one of 'continue', 'stop', got 'ignore'"),
+        ("model", "", "must not be empty"),
+    ],
+)
+def test_wrong_types_and_values_are_explained(key: str, value: object, fragment: str) -> None:
+    error = config_error(with_change(key, value))
+    assert error.key == key
+    assert fragment in str(error)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_are_rejected(value: float) -> None:
+    error = config_error(with_change("health.max_r_hat", value))
+    assert error.key == "health.max_r_hat" and "finite" in str(error)
+
+
+def test_empty_dataset_list_and_empty_pattern_are_rejected() -> None:
+    assert config_error(with_change("datasets", [])).key == "datasets"
+    error = config_error(with_change("datasets", ["data/*.csv", ""]))
+    assert error.key == "datasets[1]" and "must not be empty" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [("batchsize", "batch_size"), ("sampler.drawz", "draws"), ("health.max_rhat", "max_r_hat")],
+)
+def test_unknown_key_suggests_the_closest_allowed_key(key: str, suggestion: str) -> None:
+    error = config_error(with_change(key, 1), source="cfg.yaml")
+    assert error.key == key
+    name = key.rsplit(".", 1)[-1]
+    assert f"unknown key '{name}'; did you mean '{suggestion}'?" in str(error)
+    assert "cfg.yaml" in str(error)
+
+
+def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
+    error = config_error(with_change("zzzzzz", 1))
+    assert "did you mean" not in str(error)
+    assert "batch_size" in str(error)
+
+
+@pytest.mark.parametrize("missing", ["model", "datasets"])
+def test_missing_required_key(missing: str) -> None:
+    data = copy.deepcopy(MINIMAL)
+    del data[missing]
+    error = config_error(data)
+    assert error.key == missing and f"missing required key '{missing}'" in str(error)
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    data = with_change("sampler.draws", 0)
+    data["batchsize"] = 2
+    message = str(config_error(data))
+    assert "sampler.draws" in message and "batchsize" in message
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert "must be a mapping" in str(config_error(["model"]))
+
+
+# --- load_config: files -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with a model file, as Snakemake would run in."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.py").write_text("def build_model(data): ...\n")
+    return tmp_path
+
+
+def write_config(directory: Path, data: object, name: str = "config.yaml") -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_load_config_reads_yaml_and_records_the_file(project: Path) -> None:
+    path = write_config(project, FULL)
+    config = load_config(path)
+    assert config.source == str(path)
+    assert config == config_from_dict(FULL, source=str(path))
+
+
+def test_relative_paths_stay_relative_to_the_working_directory(project: Path) -> None:
+    (project / "conf").mkdir()
+    config = load_config(write_config(project / "conf", MINIMAL))
+    assert config.model == Path("models/m.py")
+
+
+def test_missing_model_file_names_key_and_config_file(project: Path) -> None:
+    path = write_config(project, with_change("model", "models/nope.py"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "model"
+    assert str(path) in str(info.value) and "models/nope.py" in str(info.value)
+    assert "does not exist" in str(info.value)
+
+
+def test_model_that_is_a_directory_is_rejected(project: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_config(write_config(project, with_change("model", "models")))
+
+
+def test_yaml_syntax_error_names_file_and_line(project: Path) -> None:
+    path = project / "config.yaml"
+    path.write_text("model: models/m.py\ndatasets: [data/*.csv\nbatch_size: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "line" in str(info.value)
+
+
+def test_yaml_syntax_error_reports_the_right_line(project: Path) -> None:
+    path = project / "config.yaml"
+    path.write_text("model: models/m.py\ndatasets:\n  - a\n bad: [\n")
+    with pytest.raises(ConfigError, match="line 4"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "- a\n- b\n", "just a string\n"])
+def test_empty_or_non_mapping_file_is_rejected(project: Path, text: str) -> None:
+    path = project / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_unreadable_config_file(project: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config file") as info:
+        load_config(project / "missing.yaml")
+    assert "missing.yaml" in str(info.value)
+
+
+def test_schema_errors_from_a_file_name_that_file(project: Path) -> None:
+    path = write_config(project, with_change("batchsize", 3))
+    with pytest.raises(ConfigError, match="did you mean 'batch_size'") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+# --- the schema file itself -------------------------------------------------------------------
+
+
+def _objects(schema: dict, where: str = "") -> list[tuple[str, dict]]:
+    found = [(where, schema)]
+    for name, sub in schema.get("properties", {}).items():
+        if sub.get("type") == "object":
+            found += _objects(sub, f"{where}.{name}".lstrip("."))
+    return found
+
+
+def test_every_object_forbids_unknown_keys_and_every_key_is_described() -> None:
+    for where, obj in _objects(config_schema()):
+        assert obj.get("additionalProperties") is False, where
+        for name, sub in obj["properties"].items():
+            assert sub.get("description"), f"{where}.{name}"
+
+
+def test_section_defaults_match_their_keys_defaults() -> None:
+    for where, obj in _objects(config_schema())[1:]:
+        keys = {name: sub["default"] for name, sub in obj["properties"].items()}
+        assert obj["default"] == keys, where
+
+
+def test_every_setting_is_documented_in_the_config_readme() -> None:
+    readme = (REPO / "config" / "README.md").read_text()
+    for where, obj in _objects(config_schema()):
+        for name, sub in obj["properties"].items():
+            if sub.get("type") != "object":
+                assert f"`{where}.{name}`".replace("`.", "`") in readme
+
+
+def test_workflow_schema_is_a_relative_symlink_to_the_packaged_schema() -> None:
+    link = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert link.resolve() == (REPO / "src" / "batchfit" / "config.schema.yaml").resolve()
+
+
+@pytest.mark.parametrize("data", [MINIMAL, with_change("sampler.draws", 5), FULL])
+def test_snakemake_validate_fills_the_same_defaults(data: dict) -> None:
+    validate = pytest.importorskip("snakemake.utils").validate
+    config = copy.deepcopy(data)
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    assert config_from_dict(config) == config_from_dict(data)
+    assert config == config_to_dict(config_from_dict(data))
+
+
+# --- fuzzing ----------------------------------------------------------------------------------
+
+_ANY_VALUE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+_KEYS = [
+    (),
+    *[(k,) for k in FULL],
+    *[(section, k) for section in ("sampler", "outputs", "health", "cache") for k in FULL[section]],
+]
+_MUTATION = st.tuples(
+    st.sampled_from(["delete", "set", "add_key"]),
+    st.sampled_from(_KEYS),
+    _ANY_VALUE,
+    st.text(min_size=1, max_size=12),
+)
+
+
+def _mutate(data: dict, mutation: tuple) -> None:
+    action, path, value, new_key = mutation
+    parent = data
+    for part in path[:-1]:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+    if not isinstance(parent, dict):
+        return
+    if action == "add_key":
+        target = parent.get(path[-1]) if path else parent
+        if isinstance(target, dict):
+            target[new_key] = value
+    elif path and action == "delete":
+        parent.pop(path[-1], None)
+    elif path:
+        parent[path[-1]] = value
+
+
+@settings(max_examples=120, deadline=None)
+@given(base=st.sampled_from([MINIMAL, FULL]), mutations=st.lists(_MUTATION, min_size=1, max_size=4))
+def test_fuzz_mutated_configs_load_or_raise_config_error(base: dict, mutations: list) -> None:
+    data = copy.deepcopy(base)
+    for mutation in mutations:
+        _mutate(data, mutation)
+    try:
+        config = config_from_dict(data)
+    except ConfigError as error:
+        assert str(error).startswith("config error")
+    else:
+        assert config_from_dict(json.loads(json.dumps(config_to_dict(config)))) == config
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=80) | st.sampled_from(["model: [", "a: b: c", "{", "- 1", "!!python/name:os.system"]))
+def test_fuzz_arbitrary_yaml_text_raises_only_config_error(text: str) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "config.yaml"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError):
+            load_config(path)
