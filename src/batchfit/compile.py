@@ -47,6 +47,7 @@ from batchfit.cache import (
     write_entry,
 )
 from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.extras import warm_extras
 from batchfit.fingerprint import environment_fingerprint, model_fingerprint
 
 log = logging.getLogger("batchfit")
@@ -208,7 +209,36 @@ def _callback(spec: WrapperSpec, kind: str, key: str, cache: CacheDir, inner: Ca
         sig = types.int64(types.uint64, f64, f64, f64, types.voidptr)
     else:
         sig = types.int64(types.uint64, types.uint64, f64, f64, types.voidptr)
+    if inner is _missing_inner:
+        return _load_cfunc(py_func, sig)
     return numba.cfunc(sig, cache=True)(py_func)
+
+
+def _load_cfunc(py_func: Callable, sig: Any) -> Any:
+    """Load a cached cfunc without compiling anything.
+
+    ``numba.cfunc(..., cache=True)`` first initializes numba's whole typing and lowering
+    registry (about half a second per process) although loading machine code needs none of
+    it; this goes straight to the cache and fails if the entry is not there.
+    """
+    from numba.core.ccallback import CFunc
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from numba.core.runtime import nrt
+
+    cfunc = CFunc(py_func, (sig.args, sig.return_type), {}, {})
+    cfunc.enable_caching()
+    with global_compiler_lock:
+        context = cfunc._targetdescr.target_context
+        nrt.rtsys.initialize(context)  # the memory-management symbols the machine code links to
+        cres = cfunc._cache._load_overload(cfunc._sig, context)
+    if cres is None:
+        raise LookupError("the callback is not in numba's cache index")
+    cfunc._library = cres.library
+    cfunc._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
+    cfunc._wrapper_address = cres.library.get_pointer_to_function(cfunc._wrapper_name)
+    cfunc._cache_hits += 1
+    return cfunc
 
 
 def _slot_of(var: Any, model: Any) -> Slot:
@@ -296,6 +326,7 @@ def build_entry(model: Any, cache: CacheDir, key: str) -> float:
                 )
     # Functions the fit stage compiles through PyTensor land in PyTensor's numba cache too.
     SamplerFunctions(model).shapes()
+    warm_extras(model)
     seconds = time.perf_counter() - start
     write_entry(cache, key, {"spec": spec.to_json(), "compile_seconds": seconds, "wrapper_version": WRAPPER_VERSION})
     return seconds
@@ -503,9 +534,12 @@ class SamplerFunctions:
         self.remaining_names = [v.name for v in remaining]
         self.reparameterized = [template.rvs_to_values[rv].name for rv in template.free_RVs
                                 if template.rvs_to_transforms.get(rv) is not None]
-        self._point_fn = make_initial_point_fn(
-            model=template, jitter_rvs=set(template.free_RVs), return_transformed=True
-        )
+        # Evaluated once per chain, so PyTensor's Python backend is fast enough, and it spares
+        # the process numba's start-up: the sampler's hot code comes ready-made from the cache.
+        with pytensor.config.change_flags(mode="FAST_COMPILE"):
+            self._point_fn = make_initial_point_fn(
+                model=template, jitter_rvs=set(template.free_RVs), return_transformed=True
+            )
         self._shape_fn = pytensor.function(
             free_values, [v.shape for v in remaining], mode="FAST_COMPILE", on_unused_input="ignore"
         )

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+
 import numpy as np
 
 from batchfit.config import OutputSettings
+
+log = logging.getLogger("batchfit")
 
 
 class ExtraGroups:
@@ -38,6 +42,24 @@ class ExtraGroups:
             reseed_rngs(rngs, seed)
             groups["posterior_predictive"] = _per_draw(fn, names, posterior, model, self.template.observed_RVs)
         return groups
+
+
+def warm_extras(template: Any) -> None:
+    """Compile and run both optional functions once so they land in PyTensor's numba cache.
+
+    Called by the compile worker: fit jobs then load these functions' machine code instead of
+    JIT-compiling it in-process, so their results do not depend on which process compiled.
+    A model whose posterior predictive cannot be compiled only fails when a config asks for it.
+    """
+    from pymc.initial_point import make_initial_point_fn
+
+    point = make_initial_point_fn(model=template, return_transformed=False)(0)
+    for make in (_loglik_function, _predictive_function):
+        try:
+            fn, names = make(template)
+            fn(*(point[name] for name in names))
+        except Exception as exc:  # noqa: BLE001 - reported when a fit asks for this output
+            log.info("not pre-compiling %s: %s", make.__name__.strip("_"), exc)
 
 
 def _loglik_function(template: Any) -> tuple[Any, list[str]]:
