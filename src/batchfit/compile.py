@@ -295,7 +295,7 @@ def sampler_graphs(model: Any) -> tuple[list[Any], list[Any], list[Any]]:
     return [flat, *shapes], [logp, grad.astype("float64")], [expanded.astype("float64")]
 
 
-def _compiled_sampler_functions(model: Any) -> tuple[WrapperSpec, Any, Any]:
+def compile_sampler_functions(model: Any) -> tuple[WrapperSpec, Any, Any]:
     """Compile both callbacks' graphs with PyTensor's numba backend; the spec lists their inputs."""
     from pymc.pytensorf import compile as compile_pymc
 
@@ -314,7 +314,7 @@ def _compiled_sampler_functions(model: Any) -> tuple[WrapperSpec, Any, Any]:
 def build_entry(model: Any, cache: CacheDir, key: str) -> float:
     """Compile the callbacks for ``model`` into the cache under ``key``; return compile seconds."""
     start = time.perf_counter()
-    spec, logp_fn, expand_fn = _compiled_sampler_functions(model)
+    spec, logp_fn, expand_fn = compile_sampler_functions(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind, fn in (("logp", logp_fn), ("expand", expand_fn)):

@@ -1,0 +1,8 @@
+"""Snakemake rule `collect`: posteriors.nc, summary.csv and failures.csv for the whole sweep."""
+import logging
+
+from batchfit.pipeline import log_to, run_collect, snakemake_config
+
+config = snakemake_config(snakemake.config, snakemake.workflow.configfiles)
+with log_to(snakemake.log[0]):
+    logging.getLogger("batchfit").info(run_collect(config).one_line())

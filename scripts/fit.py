@@ -1,0 +1,7 @@
+"""Snakemake rule `fit`: fit one batch of datasets with one compiled model."""
+from batchfit.fit import fit_batch
+from batchfit.pipeline import log_to, snakemake_config
+
+config = snakemake_config(snakemake.config, snakemake.workflow.configfiles)
+with log_to(snakemake.log[0]):
+    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)

@@ -1,0 +1,74 @@
+"""``batchfit check``: everything that can be known to be wrong before any compiling or sampling.
+
+It loads and validates every dataset against the reference model's requirements (each problem
+names the dataset, file and column), and lists the operations of the sampler functions that
+would run in numba's object mode or could not be disk-cached, with the model variable they
+come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchfit.config import Config
+from batchfit.data import check_dataset, discover_datasets, load_dataset
+from batchfit.errors import BatchfitError, ModelContractError
+
+
+@dataclass
+class CheckReport:
+    """Problems found by ``check_model``."""
+
+    reference: str
+    dataset_problems: dict[str, str] = field(default_factory=dict)
+    fallbacks: list[Any] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.dataset_problems and not self.fallbacks
+
+    def lines(self) -> list[str]:
+        """Human-readable findings, one per line."""
+        out = [f"reference dataset: {self.reference}"]
+        out += [f"  {problem}" for problem in self.dataset_problems.values()]
+        out += [f"  not fully compiled: {fallback}" for fallback in self.fallbacks]
+        out.append("check: ok" if self.ok else
+                   f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.fallbacks)} compile problem(s)")
+        return out
+
+    def raise_if_blocking(self, config: Config) -> None:
+        """Fail the compile stage on object-mode or uncacheable ops unless the config allows them."""
+        if self.fallbacks and not config.allow_object_mode:
+            listing = "\n  ".join(str(f) for f in self.fallbacks)
+            raise ModelContractError(
+                f"the model does not compile fully to numba's nopython mode:\n  {listing}\n"
+                "These parts would run at Python speed and be recompiled in every process. "
+                f"To accept that anyway, set 'allow_object_mode: true' in {config.source}."
+            )
+
+
+def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
+    """Validate datasets (optionally) and find object-mode or uncacheable ops in the sampler functions."""
+    from batchfit.compile import compile_sampler_functions
+    from batchfit.fit import reference_model
+    from batchfit.nopython import fallbacks_in_function
+
+    paths = discover_datasets(config)
+    ref = reference_model(config, paths)
+    report = CheckReport(ref.dataset.id)
+    if datasets:
+        for dataset_id, path in paths.items():
+            try:
+                check_dataset(load_dataset(dataset_id, path), ref.requirements)
+            except BatchfitError as exc:
+                report.dataset_problems[dataset_id] = str(exc)
+    _, logp_fn, expand_fn = compile_sampler_functions(ref.model)
+    names = list(ref.model.named_vars)
+    seen = set()
+    for fn in (logp_fn, expand_fn):
+        for fallback in fallbacks_in_function(fn, variable_names=names):
+            if str(fallback) not in seen:
+                seen.add(str(fallback))
+                report.fallbacks.append(fallback)
+    return report

@@ -1,0 +1,134 @@
+"""The sweep's stages as plain functions: plan, compile, fit, collect, status.
+
+The Snakemake rules (``scripts/*.py``) and the ``batchfit`` command line both call these, so a
+sweep behaves the same with or without Snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchfit.atomic import atomic_path
+from batchfit.config import Config, config_from_dict
+from batchfit.data import discover_datasets
+from batchfit.errors import BatchfitError
+
+log = logging.getLogger("batchfit")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every dataset of the sweep, and the batches of those still to fit."""
+
+    datasets: dict[str, Path]
+    batches: dict[str, list[str]]
+
+
+def batch_id(dataset_ids: Sequence[str]) -> str:
+    """A batch's name from its members, so the same pending datasets give the same job."""
+    digest = hashlib.sha256("\n".join(dataset_ids).encode()).hexdigest()[:12]
+    return f"batch-{digest}"
+
+
+def is_pending(config: Config, dataset_id: str) -> bool:
+    """A dataset needs fitting if it has no fit, or one older than the model file."""
+    fit = config.fit_path(dataset_id)
+    if not fit.exists():
+        return True
+    return fit.stat().st_mtime < Path(config.model).stat().st_mtime
+
+
+def plan(config: Config) -> Plan:
+    """Group the pending datasets, in id order, into batches of ``batch_size``.
+
+    Only pending datasets are batched, so adding a dataset to a finished sweep fits just that
+    one, and a re-run retries just the datasets that failed.
+    """
+    datasets = discover_datasets(config)
+    pending = [d for d in datasets if is_pending(config, d)]
+    size = config.batch_size
+    groups = [pending[i:i + size] for i in range(0, len(pending), size)]
+    return Plan(datasets, {batch_id(g): g for g in groups})
+
+
+def run_compile(config: Config) -> dict[str, Any]:
+    """Fill the cache ahead of the fit jobs (and check the model compiles in nopython mode)."""
+    from batchfit.check import check_model
+    from batchfit.fit import prepare
+
+    report = check_model(config, datasets=False)
+    report.raise_if_blocking(config)
+    _, _, ref, compiled = prepare(config)
+    stamp = {"key": compiled.key, "reference_dataset": ref.dataset.id, "line": compiled.report.line(),
+             "compile_seconds": compiled.report.compile_seconds, "hit": compiled.report.hit}
+    return stamp
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write a small JSON output atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:
+    """Fit the given datasets (default: every pending one) batch by batch; return the failure count."""
+    from batchfit.fit import fit_batch
+
+    batches = ({batch_id(list(dataset_ids)): list(dataset_ids)} if dataset_ids is not None
+               else plan(config).batches)
+    failed = 0
+    for name, ids in batches.items():
+        failed += fit_batch(config, ids, batch_id=name, threads=threads).n_failed
+    return failed
+
+
+def run_collect(config: Config) -> Any:
+    """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv."""
+    from batchfit.collect import collect
+
+    return collect(config, list(discover_datasets(config)))
+
+
+def failure_line(config: Config) -> str | None:
+    """One line counting failed datasets, or None when every dataset was fitted."""
+    failures = sorted(p.stem for p in (config.results_dir / "failures").glob("*.json"))
+    failures = [f for f in failures if f in discover_datasets(config)]
+    if not failures:
+        return None
+    return (f"batchfit: {len(failures)} dataset(s) failed ({', '.join(failures[:5])}"
+            f"{', ...' if len(failures) > 5 else ''}); see {config.failures_csv_path}")
+
+
+def snakemake_config(config: Mapping[str, Any], sources: Sequence[str]) -> Config:
+    """A Config from Snakemake's (already schema-validated) config dict."""
+    return config_from_dict(dict(config), source=", ".join(map(str, sources)) or "<snakemake config>")
+
+
+@contextlib.contextmanager
+def log_to(path: str | Path | None) -> Iterator[None]:
+    """Send batchfit's log (and warnings) to a rule's log file for the duration of a job."""
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = log.level
+    log.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    try:
+        yield
+    except BatchfitError as exc:
+        log.error("%s", exc)
+        raise
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        log.setLevel(previous)
+        handler.close()

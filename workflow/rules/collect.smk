@@ -1,0 +1,28 @@
+rule collect:
+    """Combine every dataset's fit into the sweep's outputs (also when some datasets failed)."""
+    input:
+        batch_manifests,
+    output:
+        posteriors=RESULTS / "posteriors.nc",
+        summary=RESULTS / "summary.csv",
+        failures=RESULTS / "failures.csv",
+    log:
+        RESULTS / "logs" / "collect.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/collect.py"
+
+
+rule status:
+    """Fail the run (keeping collect's outputs) when a dataset failed; a re-run retries those."""
+    input:
+        rules.collect.output.failures,
+    output:
+        touch(RESULTS / "status.ok"),
+    log:
+        RESULTS / "logs" / "status.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/status.py"

@@ -1,0 +1,21 @@
+# Config validation and the sweep's plan: which datasets exist and which batches still need fitting.
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from batchfit.pipeline import plan, snakemake_config
+
+
+validate(config, "../schemas/config.schema.yaml")
+BF = snakemake_config(config, workflow.configfiles)
+PLAN = plan(BF)
+RESULTS = BF.results_dir
+
+
+def batch_datasets(wildcards):
+    """Data files of one batch (inputs, so a changed file re-fits its batch)."""
+    return [str(PLAN.datasets[d]) for d in PLAN.batches[wildcards.batch]]
+
+
+def batch_manifests(wildcards):
+    return [str(BF.batch_manifest_path(b)) for b in PLAN.batches]

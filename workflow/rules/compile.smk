@@ -1,0 +1,14 @@
+rule compile:
+    """Compile the model once into the shared cache (fit jobs then only load it)."""
+    input:
+        model=str(BF.model),
+    output:
+        RESULTS / "compile.json",
+    log:
+        RESULTS / "logs" / "compile.log",
+    resources:
+        mem_mb=4000,
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/compile.py"
