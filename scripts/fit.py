@@ -2,6 +2,6 @@
 from batchfit.fit import fit_batch
 from batchfit.pipeline import log_to, snakemake_config
 
-config = snakemake_config(snakemake.config, snakemake.workflow.configfiles)
+config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
     fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)

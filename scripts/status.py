@@ -3,7 +3,7 @@ import sys
 
 from batchfit.pipeline import failure_line, log_to, snakemake_config
 
-config = snakemake_config(snakemake.config, snakemake.workflow.configfiles)
+config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
     line = failure_line(config)
     if line:

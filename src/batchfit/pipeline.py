@@ -107,9 +107,9 @@ def failure_line(config: Config) -> str | None:
             f"{', ...' if len(failures) > 5 else ''}); see {config.failures_csv_path}")
 
 
-def snakemake_config(config: Mapping[str, Any], sources: Sequence[str]) -> Config:
-    """A Config from Snakemake's (already schema-validated) config dict."""
-    return config_from_dict(dict(config), source=", ".join(map(str, sources)) or "<snakemake config>")
+def snakemake_config(config: Mapping[str, Any], source: str) -> Config:
+    """A Config from Snakemake's (already schema-validated) config dict; ``source`` names its files."""
+    return config_from_dict(dict(config), source=source)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ rule collect:
         posteriors=RESULTS / "posteriors.nc",
         summary=RESULTS / "summary.csv",
         failures=RESULTS / "failures.csv",
+    params:
+        config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "collect.log",
     conda:
@@ -20,6 +22,8 @@ rule status:
         rules.collect.output.failures,
     output:
         touch(RESULTS / "status.ok"),
+    params:
+        config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "status.log",
     conda:

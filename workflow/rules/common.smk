@@ -7,7 +7,8 @@ from batchfit.pipeline import plan, snakemake_config
 
 
 validate(config, "../schemas/config.schema.yaml")
-BF = snakemake_config(config, workflow.configfiles)
+CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
+BF = snakemake_config(config, CONFIG_SOURCE)
 PLAN = plan(BF)
 RESULTS = BF.results_dir
 

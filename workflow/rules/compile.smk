@@ -4,6 +4,8 @@ rule compile:
         model=str(BF.model),
     output:
         RESULTS / "compile.json",
+    params:
+        config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "compile.log",
     resources:

@@ -9,6 +9,7 @@ rule fit:
     log:
         RESULTS / "logs" / "fit" / "{batch}.log",
     params:
+        config_source=CONFIG_SOURCE,
         datasets=lambda wildcards: PLAN.batches[wildcards.batch],
     threads: min(BF.sampler.chains, workflow.cores)
     resources:
