@@ -20,8 +20,7 @@ def build_model(data):
         y = pm.Data("y", data["y"])
         mu_a = pm.Normal("mu_a", 0.0, 5.0)
         sigma_a = pm.HalfNormal("sigma_a", 2.0)
-        z_a = pm.Normal("z_a", 0.0, 1.0, dims="groups")  # non-centred: no funnel with few groups
-        a = pm.Deterministic("a", mu_a + sigma_a * z_a, dims="groups")
+        a = pm.Normal("a", mu_a, sigma_a, dims="groups")
         b = pm.Normal("b", 0.0, 2.0)
         sigma = pm.HalfNormal("sigma", 2.0)
         pm.Normal("y_obs", a[group] + b * x, sigma, observed=y, shape=x.shape)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up batchfit in .venv (Python 3.12) and run the bundled example sweep.
+#   ./setup.sh            install, then `snakemake --cores 2` on the bundled example
+#   ./setup.sh --install  install only (what CI does before running the tests)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+find_python() {
+  # python3.12 on PATH may be a pyenv shim that refuses to run; check each candidate works.
+  local candidates=(python3.12)
+  if command -v pyenv >/dev/null 2>&1; then
+    candidates+=("$(pyenv root)"/versions/3.12*/bin/python3.12)
+  fi
+  candidates+=(/usr/bin/python3.12 /usr/local/bin/python3.12 python3)
+  for py in "${candidates[@]}"; do
+    if "$py" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 12))' >/dev/null 2>&1; then
+      echo "$py"; return 0
+    fi
+  done
+  echo "setup.sh: no Python >= 3.12 found (PyMC 6 needs it); install python3.12" >&2
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  "$(find_python)" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test,bench]"
+
+if [ "${1:-}" != "--install" ]; then
+  .venv/bin/snakemake --cores 2
+  echo "Example sweep done: results/example/summary.csv, results/example/posteriors.nc"
+fi
