@@ -1,0 +1,359 @@
+"""Combine the per-dataset fits of a sweep into posteriors.nc, summary.csv and failures.csv.
+
+Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure record
+(``failures/{id}.json``). Collect reads them one at a time, so memory stays flat however many
+datasets the sweep has, and writes every output atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import arviz_stats
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from batchfit import __version__
+from batchfit.atomic import atomic_path
+from batchfit.errors import BatchfitError, DatasetError
+
+ENGINE = "h5netcdf"
+SAMPLE_DIMS = ["chain", "draw"]
+SUMMARY_COLUMNS = [
+    "dataset", "parameter", "mean", "sd", "hdi_3%", "hdi_97%", "r_hat", "ess_bulk", "ess_tail",
+    "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
+]  # fmt: skip
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
+# arviz_stats.summary(ci_prob=0.94, ci_kind="hdi") names the interval bounds hdi94_lb / hdi94_ub.
+_ARVIZ_COLUMNS = {
+    "mean": "mean",
+    "sd": "sd",
+    "hdi94_lb": "hdi_3%",
+    "hdi94_ub": "hdi_97%",
+    "r_hat": "r_hat",
+    "ess_bulk": "ess_bulk",
+    "ess_tail": "ess_tail",
+}
+_MAX_IDS_IN_MESSAGE = 20
+
+
+class HealthThresholds(Protocol):
+    """What makes a fit a warning; `Config.health` (HealthSettings) satisfies this."""
+
+    max_r_hat: float
+    min_ess_bulk: float
+    max_divergences: int
+
+
+class CollectConfig(Protocol):
+    """The parts of `batchfit.config.Config` that `collect` reads."""
+
+    health: HealthThresholds
+
+    def fit_path(self, dataset_id: str) -> Path: ...
+
+    def failure_path(self, dataset_id: str) -> Path: ...
+
+    @property
+    def posteriors_path(self) -> Path: ...
+
+    @property
+    def summary_path(self) -> Path: ...
+
+    @property
+    def failures_csv_path(self) -> Path: ...
+
+
+@dataclass(frozen=True)
+class CollectReport:
+    """Outcome of a collect run: counts per status and the files written."""
+
+    n_ok: int
+    n_warning: int
+    n_failed: int
+    posteriors_path: Path
+    summary_path: Path
+    failures_path: Path
+    warning_ids: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
+
+    @property
+    def n_datasets(self) -> int:
+        return self.n_ok + self.n_warning + self.n_failed
+
+    def one_line(self) -> str:
+        """E.g. ``collect: 18 ok, 1 warning, 1 failed of 20 datasets (see results/failures.csv)``."""
+        line = (
+            f"collect: {self.n_ok} ok, {self.n_warning} warning, {self.n_failed} failed "
+            f"of {self.n_datasets} datasets"
+        )
+        if self.n_failed:
+            return f"{line} (see {self.failures_path})"
+        if self.n_warning:
+            return f"{line} (see {self.summary_path})"
+        return line
+
+
+def collect(config: CollectConfig, dataset_ids: Sequence[str]) -> CollectReport:
+    """Collect the sweep's fits using the paths and health thresholds of a `Config`."""
+    return collect_fits(
+        dataset_ids,
+        fit_path=config.fit_path,
+        failure_path=config.failure_path,
+        posteriors_path=config.posteriors_path,
+        summary_path=config.summary_path,
+        failures_csv_path=config.failures_csv_path,
+        thresholds=config.health,
+    )
+
+
+def collect_fits(
+    dataset_ids: Sequence[str],
+    *,
+    fit_path: Callable[[str], Path],
+    failure_path: Callable[[str], Path],
+    posteriors_path: Path,
+    summary_path: Path,
+    failures_csv_path: Path,
+    thresholds: HealthThresholds,
+) -> CollectReport:
+    """Write posteriors.nc, summary.csv and failures.csv for `dataset_ids`, in that order.
+
+    Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
+    record (the fit stage has not run for it) or has both (one of them is stale).
+    """
+    fitted, failed = _classify(dataset_ids, fit_path, failure_path)
+    failures = [read_failure(dataset_id, failure_path(dataset_id)) for dataset_id in failed]
+
+    rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record) for record in failures}
+    statuses: dict[str, str] = {}
+    root_attrs = {
+        "batchfit_version": __version__,
+        "n_datasets": len(fitted),
+        "datasets": json.dumps(fitted),
+    }
+    with atomic_path(posteriors_path) as tmp, _netcdf_groups(tmp, root_attrs) as add_group:
+        for dataset_id in fitted:
+            path = Path(fit_path(dataset_id))
+            posterior, divergences = read_fit(dataset_id, path)
+            add_group(dataset_id, posterior)
+            table = summarise_posterior(posterior, dataset_id, path)
+            health = _health(table, divergences, thresholds)
+            statuses[dataset_id] = health["status"]
+            rows[dataset_id] = _summary_rows(dataset_id, table, health)
+
+    _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids]), summary_path)
+    _write_csv(pd.DataFrame(failures, columns=FAILURE_COLUMNS), failures_csv_path)
+
+    return CollectReport(
+        n_ok=sum(status == "ok" for status in statuses.values()),
+        n_warning=sum(status == "warning" for status in statuses.values()),
+        n_failed=len(failures),
+        posteriors_path=Path(posteriors_path),
+        summary_path=Path(summary_path),
+        failures_path=Path(failures_csv_path),
+        warning_ids=[d for d, status in statuses.items() if status == "warning"],
+        failed_ids=list(failed),
+    )
+
+
+def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
+    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons.
+
+    `status` is "warning" if any threshold is crossed, else "ok"; `reasons` says which, in
+    words, for log lines. NaN diagnostics (e.g. a constant variable) are ignored.
+    """
+    fit_path = Path(fit_path)
+    dataset_id = fit_path.stem
+    posterior, divergences = read_fit(dataset_id, fit_path)
+    return _health(summarise_posterior(posterior, dataset_id, fit_path), divergences, thresholds)
+
+
+def summarise_posterior(posterior: xr.Dataset, dataset_id: str, path: Path) -> pd.DataFrame:
+    """ArviZ summary of every posterior variable, indexed by element label (``a[store_3]``).
+
+    Columns: mean, sd, hdi_3%, hdi_97% (94% HDI), r_hat, ess_bulk, ess_tail; unrounded.
+    """
+    try:
+        with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
+            table = arviz_stats.summary(
+                posterior,
+                kind="all",
+                ci_prob=0.94,
+                ci_kind="hdi",
+                sample_dims=SAMPLE_DIMS,
+                round_to="none",
+            )
+    except Exception as exc:
+        raise DatasetError(f"cannot summarise the posterior: {exc}", dataset=dataset_id, path=path) from exc
+    return pd.DataFrame(table)[list(_ARVIZ_COLUMNS)].rename(columns=_ARVIZ_COLUMNS)
+
+
+def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
+    """Read one failure record, checking it has the fields failures.csv needs."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read failure record: {exc}", dataset=dataset_id, path=path) from exc
+    if not isinstance(record, dict):
+        raise DatasetError("failure record is not a JSON object", dataset=dataset_id, path=path)
+    missing = [key for key in FAILURE_COLUMNS if key not in record]
+    if missing:
+        raise DatasetError(f"failure record lacks {', '.join(missing)}", dataset=dataset_id, path=path)
+    if record["dataset"] != dataset_id:
+        raise DatasetError(
+            f"failure record is for dataset '{record['dataset']}'", dataset=dataset_id, path=path
+        )
+    return {key: str(record[key]) for key in FAILURE_COLUMNS}
+
+
+def _classify(
+    dataset_ids: Sequence[str],
+    fit_path: Callable[[str], Path],
+    failure_path: Callable[[str], Path],
+) -> tuple[list[str], list[str]]:
+    """Split ids into fitted and failed; raise if any is missing, duplicated or ambiguous."""
+    duplicates = sorted(d for d, n in Counter(dataset_ids).items() if n > 1)
+    if duplicates:
+        raise BatchfitError(f"collect: duplicate dataset ids: {_id_list(duplicates)}")
+    bad_names = [d for d in dataset_ids if not d or "/" in d or d == "."]
+    if bad_names:
+        raise BatchfitError(
+            f"collect: dataset ids {_id_list(bad_names)} cannot name a group in posteriors.nc"
+        )
+    fitted, failed, missing, both = [], [], [], []
+    for dataset_id in dataset_ids:
+        has_fit = Path(fit_path(dataset_id)).is_file()
+        has_failure = Path(failure_path(dataset_id)).is_file()
+        if has_fit and has_failure:
+            both.append(dataset_id)
+        elif has_fit:
+            fitted.append(dataset_id)
+        elif has_failure:
+            failed.append(dataset_id)
+        else:
+            missing.append(dataset_id)
+    if missing:
+        first = missing[0]
+        raise BatchfitError(
+            f"collect: {len(missing)} dataset(s) have neither a fit nor a failure record: "
+            f"{_id_list(missing)} (e.g. no {fit_path(first)} or {failure_path(first)}); "
+            "run the fit stage for them first"
+        )
+    if both:
+        first = both[0]
+        raise BatchfitError(
+            f"collect: {len(both)} dataset(s) have both a fit and a failure record, so one is "
+            f"stale: {_id_list(both)} (e.g. {fit_path(first)} and {failure_path(first)}); "
+            "delete the stale file or re-run the fit stage for them"
+        )
+    return fitted, failed
+
+
+def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
+    """Load one fit's posterior into memory and count its divergent transitions.
+
+    The posterior keeps its own attrs plus the fit's root attrs (dataset, source, model_hash,
+    seed, sampler, ...) so each group of posteriors.nc carries its provenance.
+    """
+    try:
+        with xr.open_datatree(path, engine=ENGINE) as tree:
+            missing = [group for group in ("posterior", "sample_stats") if group not in tree.children]
+            if missing:
+                raise DatasetError(f"fit has no {' or '.join(missing)} group", dataset=dataset_id, path=path)
+            if "diverging" not in tree["sample_stats"].data_vars:
+                raise DatasetError("fit has no sample_stats/diverging variable", dataset=dataset_id, path=path)
+            recorded = tree.attrs.get("dataset", dataset_id)
+            if recorded != dataset_id:
+                raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
+            posterior = tree["posterior"].to_dataset().load().drop_encoding()
+            posterior.attrs = {**posterior.attrs, **tree.attrs}
+            return posterior, int(tree["sample_stats"]["diverging"].sum())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
+
+
+def _health(table: pd.DataFrame, divergences: int, thresholds: HealthThresholds) -> dict[str, Any]:
+    """Dataset-level health from its summary table and divergence count."""
+    max_r_hat = _nan_reduce(np.nanmax, table["r_hat"])
+    min_ess_bulk = _nan_reduce(np.nanmin, table["ess_bulk"])
+    reasons = []
+    if divergences > thresholds.max_divergences:
+        reasons.append(f"{divergences} divergences > {thresholds.max_divergences}")
+    if max_r_hat > thresholds.max_r_hat:
+        reasons.append(f"max r_hat {max_r_hat:.3f} > {thresholds.max_r_hat}")
+    if min_ess_bulk < thresholds.min_ess_bulk:
+        reasons.append(f"min ess_bulk {min_ess_bulk:.0f} < {thresholds.min_ess_bulk}")
+    return {
+        "divergences": divergences,
+        "max_r_hat": max_r_hat,
+        "min_ess_bulk": min_ess_bulk,
+        "status": "warning" if reasons else "ok",
+        "reasons": reasons,
+    }
+
+
+def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: pd.Series) -> float:
+    """`reduce` over the non-NaN values, NaN if there are none (comparisons then pass)."""
+    finite = values.to_numpy(dtype=float)
+    finite = finite[~np.isnan(finite)]
+    return float(reduce(finite)) if finite.size else math.nan
+
+
+def _summary_rows(dataset_id: str, table: pd.DataFrame, health: dict[str, Any]) -> pd.DataFrame:
+    """summary.csv rows for one fitted dataset."""
+    rows = table.rename_axis("parameter").reset_index()
+    rows.insert(0, "dataset", dataset_id)
+    for key in ("divergences", "max_r_hat", "min_ess_bulk", "status"):
+        rows[key] = health[key]
+    rows["message"] = ""
+    return rows[SUMMARY_COLUMNS]
+
+
+def _failure_rows(record: dict[str, str]) -> pd.DataFrame:
+    """The single summary.csv row for a failed dataset."""
+    row = {"dataset": record["dataset"], "parameter": "", "status": "failed", "message": record["message"]}
+    return pd.DataFrame([row], columns=SUMMARY_COLUMNS)
+
+
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """One summary table; divergences as nullable ints so failed rows write an empty cell."""
+    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SUMMARY_COLUMNS)
+    return table.astype({"divergences": "Int64"})
+
+
+@contextmanager
+def _netcdf_groups(path: Path, attrs: dict[str, Any]) -> Iterator[Callable[[str, xr.Dataset], None]]:
+    """Create a netCDF4 file with root `attrs`; yield `add(group, dataset)` writing one group.
+
+    The file stays open for all groups: `to_netcdf(mode="a", group=...)` per dataset re-opens
+    it and h5netcdf then rescans every existing group, which is quadratic in the number of
+    datasets (400 datasets took minutes). Each group is written and dropped in turn, so memory
+    holds one posterior at a time.
+    """
+    store = xr.backends.H5NetCDFStore.open(path, mode="w")
+    try:
+        xr.Dataset(attrs=attrs).dump_to_store(store)
+        yield lambda group, dataset: dataset.dump_to_store(store.get_child_store(group))
+    finally:
+        store.close()
+
+
+def _write_csv(table: pd.DataFrame, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def _id_list(dataset_ids: Sequence[str]) -> str:
+    """Ids for an error message, shortened when there are many."""
+    shown = ", ".join(f"'{d}'" for d in dataset_ids[:_MAX_IDS_IN_MESSAGE])
+    more = len(dataset_ids) - _MAX_IDS_IN_MESSAGE
+    return f"{shown} and {more} more" if more > 0 else shown

@@ -1,0 +1,336 @@
+"""Collect stage: fake fits (no sampling) in, posteriors.nc / summary.csv / failures.csv out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import arviz
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from batchfit import __version__
+from batchfit.atomic import atomic_path
+from batchfit.collect import (
+    FAILURE_COLUMNS,
+    SUMMARY_COLUMNS,
+    collect,
+    collect_fits,
+    dataset_health,
+)
+from batchfit.errors import BatchfitError, DatasetError
+
+CHAINS, DRAWS = 2, 50
+
+
+@dataclass(frozen=True)
+class Health:
+    max_r_hat: float = 1.1
+    min_ess_bulk: float = 20.0
+    max_divergences: int = 0
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    """Duck-typed stand-in for batchfit.config.Config."""
+
+    results_dir: Path
+    health: Health = Health()
+
+    def fit_path(self, dataset_id: str) -> Path:
+        return self.results_dir / "fits" / f"{dataset_id}.nc"
+
+    def failure_path(self, dataset_id: str) -> Path:
+        return self.results_dir / "failures" / f"{dataset_id}.json"
+
+    @property
+    def posteriors_path(self) -> Path:
+        return self.results_dir / "posteriors.nc"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.results_dir / "summary.csv"
+
+    @property
+    def failures_csv_path(self) -> Path:
+        return self.results_dir / "failures.csv"
+
+
+def write_fit(
+    config: FakeConfig, dataset_id: str, n_groups: int, *, seed: int, divergent: int = 0, shift_chain: bool = False
+) -> Path:
+    """Write a fit file in the fit stage's format with random draws (no sampling)."""
+    rng = np.random.default_rng(seed)
+    groups = [f"g{i + 1}" for i in range(n_groups)]
+    sample = {"chain": np.arange(CHAINS), "draw": np.arange(DRAWS)}
+    sigma = np.abs(rng.normal(1.0, 0.1, size=(CHAINS, DRAWS)))
+    if shift_chain:
+        sigma[1] += 5.0  # chains disagree: r_hat far above 1
+    posterior = xr.Dataset(
+        {
+            "a": (("chain", "draw", "group"), rng.normal(size=(CHAINS, DRAWS, n_groups))),
+            "sigma": (("chain", "draw"), sigma),
+            "L": (("chain", "draw", "group", "k"), rng.normal(size=(CHAINS, DRAWS, n_groups, 2))),
+        },
+        coords={**sample, "group": groups, "k": [0, 1]},
+        attrs={"inference_library": "nutpie"},
+    )
+    diverging = np.zeros((CHAINS, DRAWS), dtype=bool)
+    diverging.flat[:divergent] = True
+    sample_stats = xr.Dataset(
+        {"diverging": (("chain", "draw"), diverging), "lp": (("chain", "draw"), rng.normal(size=(CHAINS, DRAWS)))},
+        coords=sample,
+    )
+    observed = xr.Dataset({"y": ("obs", rng.normal(size=10))}, coords={"obs": np.arange(10)})
+    constant = xr.Dataset({"group_idx": ("obs", rng.integers(0, n_groups, size=10))}, coords={"obs": np.arange(10)})
+    tree = xr.DataTree.from_dict(
+        {"posterior": posterior, "sample_stats": sample_stats, "observed_data": observed, "constant_data": constant}
+    )
+    tree.attrs = {
+        "batchfit_version": __version__,
+        "dataset": dataset_id,
+        "source": f"data/{dataset_id}.csv",
+        "model_file": "model.py",
+        "model_hash": "abc123",
+        "seed": seed,
+        "sampler": json.dumps({"draws": DRAWS, "chains": CHAINS}),
+    }
+    path = config.fit_path(dataset_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tree.to_netcdf(path, engine="h5netcdf")
+    return path
+
+
+def write_failure(config: FakeConfig, dataset_id: str, message: str) -> Path:
+    path = config.failure_path(dataset_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "dataset": dataset_id,
+        "path": f"data/{dataset_id}.csv",
+        "stage": "check",
+        "error_type": "DatasetError",
+        "message": message,
+    }
+    path.write_text(json.dumps(record))
+    return path
+
+
+IDS = ["store_01", "store_02", "store_03", "store_04", "store_07"]
+FAILURE_MESSAGE = "dataset error (dataset 'store_04', column 'y'): 3 missing values, first in row 7"
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> FakeConfig:
+    """Five datasets: two ok, one divergent, one with a stuck chain, one failed."""
+    config = FakeConfig(tmp_path / "results")
+    write_fit(config, "store_01", 3, seed=1)
+    write_fit(config, "store_02", 5, seed=2, divergent=4)
+    write_fit(config, "store_03", 3, seed=3, shift_chain=True)
+    write_failure(config, "store_04", FAILURE_MESSAGE)
+    write_fit(config, "store_07", 5, seed=7)
+    return config
+
+
+def test_collect_report(sweep: FakeConfig) -> None:
+    report = collect(sweep, IDS)
+    assert (report.n_ok, report.n_warning, report.n_failed) == (2, 2, 1)
+    assert report.warning_ids == ["store_02", "store_03"]
+    assert report.failed_ids == ["store_04"]
+    assert report.one_line() == (
+        f"collect: 2 ok, 2 warning, 1 failed of 5 datasets (see {sweep.results_dir / 'failures.csv'})"
+    )
+    assert {report.posteriors_path, report.summary_path, report.failures_path} == {
+        sweep.posteriors_path,
+        sweep.summary_path,
+        sweep.failures_csv_path,
+    }
+    leftovers = [p.name for p in sweep.results_dir.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_posteriors_one_group_per_dataset(sweep: FakeConfig) -> None:
+    collect(sweep, IDS)
+    with xr.open_datatree(sweep.posteriors_path) as tree:
+        assert sorted(tree.children) == ["store_01", "store_02", "store_03", "store_07"]
+        assert tree.attrs["batchfit_version"] == __version__
+        assert tree.attrs["n_datasets"] == 4
+        assert json.loads(tree.attrs["datasets"]) == ["store_01", "store_02", "store_03", "store_07"]
+
+        store_07 = tree["store_07"].ds
+        assert set(store_07.data_vars) == {"a", "sigma", "L"}
+        assert list(store_07["group"].values) == ["g1", "g2", "g3", "g4", "g5"]
+        assert store_07["a"].dims == ("chain", "draw", "group")
+        assert tree["store_01"].ds.sizes["group"] == 3
+        assert tree["store_01"].ds.attrs["dataset"] == "store_01"
+        assert tree["store_01"].ds.attrs["model_hash"] == "abc123"
+
+        with xr.open_datatree(sweep.fit_path("store_07")) as fit:
+            xr.testing.assert_equal(tree["store_07"].to_dataset(), fit["posterior"].to_dataset())
+
+
+def test_outputs_open_with_arviz(sweep: FakeConfig) -> None:
+    collect(sweep, IDS)
+    fit = arviz.from_netcdf(sweep.fit_path("store_01"))
+    assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(fit.children)
+    combined = arviz.from_netcdf(sweep.posteriors_path)
+    table = arviz.summary(combined["store_02"].ds, round_to="none")
+    assert "a[g5]" in table.index
+
+
+def test_summary_csv(sweep: FakeConfig) -> None:
+    collect(sweep, IDS)
+    summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert list(summary.columns)[-1] == "message"
+
+    # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, failure row, 5+1+10
+    assert summary.groupby("dataset", sort=False).size().to_dict() == {
+        "store_01": 10,
+        "store_02": 16,
+        "store_03": 10,
+        "store_04": 1,
+        "store_07": 16,
+    }
+    store_01 = summary[summary["dataset"] == "store_01"]
+    assert list(store_01["parameter"]) == [
+        "a[g1]", "a[g2]", "a[g3]", "sigma",
+        "L[g1, 0]", "L[g1, 1]", "L[g2, 0]", "L[g2, 1]", "L[g3, 0]", "L[g3, 1]",
+    ]  # fmt: skip
+    assert (store_01["hdi_3%"] < store_01["mean"]).all() and (store_01["mean"] < store_01["hdi_97%"]).all()
+    assert store_01["message"].isna().all()
+
+    status = summary.groupby("dataset", sort=False)["status"].agg(set).to_dict()
+    assert status == {
+        "store_01": {"ok"},
+        "store_02": {"warning"},
+        "store_03": {"warning"},
+        "store_04": {"failed"},
+        "store_07": {"ok"},
+    }
+
+    divergences = summary.groupby("dataset")["divergences"].first()
+    assert divergences["store_01"] == 0 and divergences["store_02"] == 4
+    store_02 = summary[summary["dataset"] == "store_02"]
+    assert store_02["max_r_hat"].iloc[0] == pytest.approx(store_02["r_hat"].max())
+    assert store_02["min_ess_bulk"].iloc[0] == pytest.approx(store_02["ess_bulk"].min())
+    assert store_02["max_r_hat"].iloc[0] <= Health().max_r_hat  # warned for divergences only
+
+    store_03 = summary[summary["dataset"] == "store_03"]
+    assert store_03["divergences"].iloc[0] == 0
+    assert store_03.set_index("parameter").loc["sigma", "r_hat"] > 1.5
+    assert store_03["max_r_hat"].iloc[0] > 1.5
+
+    failed = summary[summary["dataset"] == "store_04"].iloc[0]
+    assert pd.isna(failed["parameter"]) and pd.isna(failed["mean"]) and pd.isna(failed["divergences"])
+    assert failed["message"] == FAILURE_MESSAGE
+
+
+def test_failures_csv(sweep: FakeConfig) -> None:
+    collect(sweep, IDS)
+    failures = pd.read_csv(sweep.failures_csv_path)
+    assert list(failures.columns) == FAILURE_COLUMNS
+    assert failures.to_dict("records") == [
+        {
+            "dataset": "store_04",
+            "path": "data/store_04.csv",
+            "stage": "check",
+            "error_type": "DatasetError",
+            "message": FAILURE_MESSAGE,
+        }
+    ]
+
+
+def test_no_failures_writes_header_only(sweep: FakeConfig) -> None:
+    report = collect(sweep, ["store_01", "store_07"])
+    assert sweep.failures_csv_path.read_text() == ",".join(FAILURE_COLUMNS) + "\n"
+    assert report.one_line() == "collect: 2 ok, 0 warning, 0 failed of 2 datasets"
+
+
+def test_missing_dataset_is_an_error(sweep: FakeConfig) -> None:
+    with pytest.raises(BatchfitError, match=r"'store_09'.*run the fit stage"):
+        collect(sweep, [*IDS, "store_09"])
+    assert not sweep.posteriors_path.exists()
+    assert not sweep.summary_path.exists()
+
+
+def test_fit_and_failure_both_present_is_an_error(sweep: FakeConfig) -> None:
+    write_failure(sweep, "store_01", "stale")
+    with pytest.raises(BatchfitError, match=r"both a fit and a failure record.*'store_01'"):
+        collect(sweep, IDS)
+
+
+def test_unreadable_fit_names_dataset_and_file(sweep: FakeConfig) -> None:
+    sweep.fit_path("store_07").write_bytes(b"not netcdf")
+    with pytest.raises(DatasetError, match=r"store_07.*store_07\.nc"):
+        collect(sweep, IDS)
+    assert not sweep.posteriors_path.exists()
+    assert [p.name for p in sweep.results_dir.iterdir() if p.name.startswith(".")] == []
+
+
+def test_collect_fits_explicit_arguments(sweep: FakeConfig, tmp_path: Path) -> None:
+    out = tmp_path / "elsewhere"
+    report = collect_fits(
+        ["store_03"],
+        fit_path=sweep.fit_path,
+        failure_path=sweep.failure_path,
+        posteriors_path=out / "p.nc",
+        summary_path=out / "s.csv",
+        failures_csv_path=out / "f.csv",
+        thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0),
+    )
+    assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
+    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv"}
+
+
+def test_dataset_health(sweep: FakeConfig) -> None:
+    health = dataset_health(sweep.fit_path("store_02"), Health())
+    assert health["divergences"] == 4
+    assert health["status"] == "warning"
+    assert health["reasons"] == ["4 divergences > 0"]
+    assert 0.9 < health["max_r_hat"] < 1.1
+    assert health["min_ess_bulk"] > 20
+
+    ok = dataset_health(sweep.fit_path("store_01"), Health())
+    assert (ok["status"], ok["divergences"], ok["reasons"]) == ("ok", 0, [])
+    stuck = dataset_health(sweep.fit_path("store_03"), Health())
+    assert stuck["status"] == "warning" and stuck["reasons"][0].startswith("max r_hat")
+    low_ess = dataset_health(sweep.fit_path("store_01"), Health(min_ess_bulk=1e6))
+    assert low_ess["status"] == "warning" and low_ess["reasons"][0].startswith("min ess_bulk")
+
+
+def test_atomic_path_replaces_on_success(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "out.csv"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == target.parent and tmp.suffix == ".csv"
+        tmp.write_text("new")
+        assert not target.exists()
+    assert target.read_text() == "new"
+    assert [p.name for p in target.parent.iterdir()] == ["out.csv"]
+
+
+def test_atomic_path_leaves_no_partial_file(tmp_path: Path) -> None:
+    target = tmp_path / "out.csv"
+    target.write_text("old")
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half writ")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+
+    fresh = tmp_path / "fresh.nc"
+    with pytest.raises(RuntimeError):
+        with atomic_path(fresh) as tmp:
+            xr.Dataset({"x": ("i", [1, 2])}).to_netcdf(tmp, engine="h5netcdf")
+            raise RuntimeError("boom")
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+
+
+def test_atomic_path_requires_the_block_to_write(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="did not create"):
+        with atomic_path(tmp_path / "out.csv"):
+            pass
+    assert list(tmp_path.iterdir()) == []
