@@ -234,6 +234,7 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
         outcome = Outcome(dataset_id, "failed", time.perf_counter() - start, stage,
                           type(exc).__name__, one_line(exc))
         record_failure(config, outcome, paths.get(dataset_id))
+        config.fit_path(dataset_id).unlink(missing_ok=True)  # a fit from an older run is stale now
         return outcome
     config.failure_path(dataset_id).unlink(missing_ok=True)
     return Outcome(dataset_id, "ok", time.perf_counter() - start)
