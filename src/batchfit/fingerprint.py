@@ -13,7 +13,7 @@ import functools
 import hashlib
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -61,7 +61,7 @@ def describe(value: Any) -> str:
     if isinstance(value, (tuple, list, frozenset, set)):
         items = sorted(map(describe, value)) if isinstance(value, (set, frozenset)) else map(describe, value)
         return f"{type(value).__name__}({','.join(items)})"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{" + ",".join(sorted(f"{describe(k)}:{describe(v)}" for k, v in value.items())) + "}"
     if isinstance(value, (np.ndarray, np.generic)):
         arr = np.ascontiguousarray(value)
@@ -81,8 +81,9 @@ def describe(value: Any) -> str:
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
     state = getattr(value, "__dict__", None)
-    if state is not None:
-        return f"{type(value).__module__}.{type(value).__qualname__}{describe(state)}"
+    if state is not None:  # public state only: private attributes hold lazily filled caches
+        public = {k: v for k, v in state.items() if not k.startswith("_")}
+        return f"{type(value).__module__}.{type(value).__qualname__}{describe(public)}"
     return f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
 
 
