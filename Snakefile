@@ -7,7 +7,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The bundled example's config is only the default: a --configfile replaces it instead of being
+# merged over it (what Snakemake does when a `configfile:` exists), so keys a sweep's config leaves
+# out get the documented defaults, not the example's values (e.g. its results_dir).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
