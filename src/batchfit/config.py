@@ -10,6 +10,7 @@ Snakemake or the batchfit command runs in), not to the config file.
 
 from __future__ import annotations
 
+import ast
 import copy
 import difflib
 import functools
@@ -143,15 +144,65 @@ def load_config(path: str | Path) -> Config:
     if data is None:
         raise ConfigError("the config file is empty; it needs at least 'model' and 'datasets'", source=source)
     config = config_from_dict(data, source=source)
-    if not config.model.is_file():
-        state = "is not a file" if config.model.exists() else "does not exist"
+    check_model_file(config)
+    return config
+
+
+def check_model_file(config: Config) -> None:
+    """The model file must exist, be Python and define ``build_model`` at its top level.
+
+    Checked without importing the file (no user code runs, nothing heavy is imported), so
+    `load_config` and Snakemake's dry run report a wrong `model` before any work starts.
+    """
+    model = config.model
+    if not model.is_file():
+        state = "is not a file" if model.exists() else "does not exist"
         raise ConfigError(
-            f"model file '{config.model}' {state} (relative paths are resolved against the "
+            f"model file '{model}' {state} (relative paths are resolved against the "
             f"current directory {Path.cwd()})",
             key="model",
-            source=source,
+            source=config.source,
         )
-    return config
+    try:
+        tree = ast.parse(model.read_bytes(), filename=str(model))
+    except (OSError, ValueError, SyntaxError) as exc:
+        where = f" at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        reason = exc.msg if isinstance(exc, SyntaxError) else _reason(exc)
+        raise ConfigError(
+            f"model file '{model}' cannot be read as Python{where}: {reason}", key="model", source=config.source
+        ) from None
+    if not _may_define(tree.body, "build_model"):
+        raise ConfigError(
+            f"model file '{model}' defines no function build_model(data); batchfit calls it with "
+            "each dataset and expects a pm.Model back (see README, 'Writing a model')",
+            key="model",
+            source=config.source,
+        )
+
+
+def _may_define(body: list[ast.stmt], name: str) -> bool:
+    """Whether module-level statements (outside functions and classes) can bind `name`."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name:
+                    return True
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+                return True
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        else:  # if / try / with / for blocks at module level
+            nested = [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            handlers = [s for h in getattr(node, "handlers", []) for s in h.body]
+            if _may_define(nested + handlers, name):
+                return True
+            if any(isinstance(n, ast.NamedExpr) and n.target.id == name for n in ast.walk(node)):
+                return True
+    return False
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Config:

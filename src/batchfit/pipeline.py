@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.atomic import atomic_path
-from batchfit.config import Config, config_from_dict
+from batchfit.config import Config, check_model_file, config_from_dict
 from batchfit.data import discover_datasets
 from batchfit.errors import BatchfitError
 
@@ -108,8 +108,13 @@ def failure_line(config: Config) -> str | None:
 
 
 def snakemake_config(config: Mapping[str, Any], source: str) -> Config:
-    """A Config from Snakemake's (already schema-validated) config dict; ``source`` names its files."""
-    return config_from_dict(dict(config), source=source)
+    """A Config from Snakemake's config dict, checked as `load_config` checks a config file.
+
+    ``source`` names its files, so every error names the key and the file to fix.
+    """
+    checked = config_from_dict(dict(config), source=source)
+    check_model_file(checked)
+    return checked
 
 
 @contextlib.contextmanager

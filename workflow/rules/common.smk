@@ -6,9 +6,11 @@ from snakemake.utils import validate
 from batchfit.pipeline import plan, snakemake_config
 
 
-validate(config, "../schemas/config.schema.yaml")
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
+# batchfit's checks first: their messages name the key (with a did-you-mean) and the config file,
+# and check the model file; Snakemake's validate then fills the defaults in for the jobs.
 BF = snakemake_config(config, CONFIG_SOURCE)
+validate(config, "../schemas/config.schema.yaml")
 PLAN = plan(BF)
 RESULTS = BF.results_dir
 
