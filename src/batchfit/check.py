@@ -13,7 +13,7 @@ from typing import Any
 
 from batchfit.config import Config
 from batchfit.data import check_dataset, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.errors import BatchfitError, DatasetError, ModelContractError
 
 
 @dataclass
@@ -54,9 +54,11 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     from batchfit.fit import reference_model
     from batchfit.nopython import fallbacks_in_function
 
-    paths = discover_datasets(config)
+    unusable: dict[str, DatasetError] = {}
+    paths = discover_datasets(config, problems=unusable if datasets else None)
     ref = reference_model(config, paths)
     report = CheckReport(ref.dataset.id)
+    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
     if datasets:
         for dataset_id, path in paths.items():
             try:

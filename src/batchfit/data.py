@@ -80,22 +80,49 @@ class DataRequirement:
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
 
-def discover_datasets(config: Config) -> dict[str, Path]:
-    """Expand the `datasets` patterns (relative to the current directory) into id -> file, sorted by id."""
+def discover_datasets(
+    config: Config, *, problems: dict[str, DatasetError] | None = None
+) -> dict[str, Path]:
+    """Expand the `datasets` patterns (relative to the current directory) into id -> file, sorted by id.
+
+    A file that cannot be a dataset (unsupported suffix, unusable id, an id another file has)
+    raises a DatasetError; given a `problems` dict, each such file (or id shared by several
+    files) is recorded there instead and left out, so `batchfit check` can list them all.
+    """
     found: dict[str, Path] = {}
+    clashes: dict[str, list[Path]] = {}
     for pattern in config.datasets:
         for path in _expand(pattern, config):
             dataset_id = path.stem
-            _check_suffix(dataset_id, path)
-            _check_id(dataset_id, path)
+            try:
+                _check_suffix(dataset_id, path)
+                _check_id(dataset_id, path)
+            except DatasetError as exc:
+                if problems is None:
+                    raise
+                problems[str(path)] = exc
+                continue
             other = found.get(dataset_id)
             if other is not None and other.resolve() != path.resolve():
-                raise DatasetError(
-                    f"two files have the same dataset id: {other} and {path}; rename one "
-                    "(the id is the file name without its suffix)",
-                    dataset=dataset_id,
-                )
+                if problems is None:
+                    raise DatasetError(
+                        f"two files have the same dataset id: {other} and {path}; rename one "
+                        "(the id is the file name without its suffix)",
+                        dataset=dataset_id,
+                    )
+                files = clashes.setdefault(dataset_id, [other])
+                if path.resolve() not in {f.resolve() for f in files}:
+                    files.append(path)
+                continue
             found[dataset_id] = path
+    for dataset_id, files in clashes.items():
+        del found[dataset_id]
+        assert problems is not None
+        problems[dataset_id] = DatasetError(
+            f"{len(files)} files have the same dataset id: {', '.join(map(str, files))}; rename all "
+            "but one (the id is the file name without its suffix)",
+            dataset=dataset_id,
+        )
     return dict(sorted(found.items()))
 
 
