@@ -38,22 +38,23 @@ def batch_id(dataset_ids: Sequence[str]) -> str:
     return f"batch-{digest}"
 
 
-def is_pending(config: Config, dataset_id: str) -> bool:
-    """A dataset needs fitting if it has no fit, or one older than the model file."""
+def is_pending(config: Config, dataset_id: str, data_path: Path | None = None) -> bool:
+    """A dataset needs fitting if it has no fit, or one older than the model file or its data file."""
     fit = config.fit_path(dataset_id)
     if not fit.exists():
         return True
-    return fit.stat().st_mtime < Path(config.model).stat().st_mtime
+    inputs = [Path(config.model), *([Path(data_path)] if data_path is not None else [])]
+    return fit.stat().st_mtime < max(p.stat().st_mtime for p in inputs)
 
 
 def plan(config: Config) -> Plan:
     """Group the pending datasets, in id order, into batches of ``batch_size``.
 
     Only pending datasets are batched, so adding a dataset to a finished sweep fits just that
-    one, and a re-run retries just the datasets that failed.
+    one, and a re-run retries just the datasets that failed or whose data file changed.
     """
     datasets = discover_datasets(config)
-    pending = [d for d in datasets if is_pending(config, d)]
+    pending = [d for d, path in datasets.items() if is_pending(config, d, path)]
     size = config.batch_size
     groups = [pending[i:i + size] for i in range(0, len(pending), size)]
     return Plan(datasets, {batch_id(g): g for g in groups})
