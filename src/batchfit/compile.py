@@ -299,6 +299,8 @@ def compile_sampler_functions(model: Any) -> tuple[WrapperSpec, Any, Any]:
     """Compile both callbacks' graphs with PyTensor's numba backend; the spec lists their inputs."""
     from pymc.pytensorf import compile as compile_pymc
 
+    import batchfit.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+
     inputs, logp_outs, expand_outs = sampler_graphs(model)
     with model:
         logp_fn = compile_pymc(inputs, logp_outs, mode="NUMBA", on_unused_input="ignore")

@@ -22,6 +22,8 @@ class ExtraGroups:
     """Compute the ``log_likelihood`` and ``posterior_predictive`` groups that the config asks for."""
 
     def __init__(self, template: Any, outputs: OutputSettings):
+        import batchfit.linalg  # noqa: F401 - the same numba implementations as the compile worker
+
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
         self._predict = _predictive_function(template) if outputs.posterior_predictive else None
@@ -52,6 +54,8 @@ def warm_extras(template: Any) -> None:
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """
     from pymc.initial_point import make_initial_point_fn
+
+    import batchfit.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
     point = make_initial_point_fn(model=template, return_transformed=False)(0)
     for make in (_loglik_function, _predictive_function):
