@@ -339,6 +339,10 @@ def _problems(dataset: Dataset, name: str, req: DataRequirement, allow_nan: bool
     if labels is not None and np.any(array < 0):
         yield _bad_rows(col, array < 0, "missing labels")
         return
+    if labels is not None and any("\x00" in label for label in labels):
+        example = next(label for label in labels if "\x00" in label)
+        yield f"{col} has labels with a NUL character, such as {example!r}, which the NetCDF outputs cannot store"
+        return
     if array.dtype.kind not in "biuf":
         yield _non_numeric_problem(col, array)
         return

@@ -231,8 +231,12 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
         stage = "write"
         write_fit(tree, config.fit_path(dataset_id))
     except Exception as exc:  # isolate the dataset; the failure record says what to fix
+        message = one_line(exc)
+        if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
+            message = (f"{stage} failed for dataset '{dataset_id}' (file {paths.get(dataset_id)}): "
+                       f"{message}{_hint(message)}")
         outcome = Outcome(dataset_id, "failed", time.perf_counter() - start, stage,
-                          type(exc).__name__, one_line(exc))
+                          type(exc).__name__, message)
         record_failure(config, outcome, paths.get(dataset_id))
         config.fit_path(dataset_id).unlink(missing_ok=True)  # a fit from an older run is stale now
         return outcome
@@ -244,6 +248,14 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line, without the native stack trace nutpie appends to its errors."""
     text = str(exc).split("Stack backtrace:")[0]
     return " ".join(text.split()) or type(exc).__name__
+
+
+def _hint(message: str) -> str:
+    """What to look at for the sampler errors that come from the data rather than from batchfit."""
+    if "initialization points failed" in message:
+        return (" (the log density is not finite at any starting point: look for extreme values in "
+                "the dataset, e.g. 1e300, or for data the model's priors rule out)")
+    return ""
 
 
 def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
