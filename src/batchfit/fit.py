@@ -188,9 +188,13 @@ def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model
 
 
 def write_fit(tree: Any, path: Path) -> None:
-    """Write one dataset's DataTree atomically (never a half-written file under the final name)."""
+    """Write one dataset's DataTree atomically (never a half-written file under the final name).
+
+    The netCDF C library writes a fit's ~30 small variables about 4x faster than h5netcdf;
+    the file is the same NetCDF-4 either way.
+    """
     with atomic_path(path) as tmp:
-        tree.to_netcdf(tmp, engine="h5netcdf")
+        tree.to_netcdf(tmp, engine="netcdf4")
 
 
 def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
