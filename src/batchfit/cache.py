@@ -116,20 +116,18 @@ def configure_pytensor(compiledir: Path) -> None:
     """Make PyTensor compile into ``compiledir``.
 
     PyTensor reads its compile directory when it is first imported, so the flag goes into the
-    environment (which also reaches child processes); if PyTensor is already imported with
-    another directory, its numba cache path is redirected, which is where numba code goes.
+    environment (which also reaches child processes); if PyTensor is already imported, its
+    numba cache path (where all of its numba code goes) is pointed there directly.
     """
     flag = f"base_compiledir={compiledir}"
     flags = [f for f in os.environ.get("PYTENSOR_FLAGS", "").split(",") if f and not f.startswith("base_compiledir=")]
     os.environ["PYTENSOR_FLAGS"] = ",".join([*flags, flag])
-    if "pytensor" in sys.modules:
-        import pytensor
+    if "pytensor" in sys.modules:  # too late for the flag: redirect the numba cache itself
         import pytensor.link.numba.cache as pytensor_numba_cache
 
-        if Path(pytensor.config.base_compiledir).resolve() != compiledir.resolve():
-            numba_dir = compiledir / "numba"
-            numba_dir.mkdir(parents=True, exist_ok=True)
-            pytensor_numba_cache.NUMBA_CACHE_PATH = numba_dir
+        numba_dir = compiledir / "numba"
+        numba_dir.mkdir(parents=True, exist_ok=True)
+        pytensor_numba_cache.NUMBA_CACHE_PATH = numba_dir
 
 
 @contextlib.contextmanager
