@@ -71,10 +71,19 @@ def _loglik_function(template: Any) -> tuple[Any, list[str]]:
     import pytensor
     from pymc.model.transform.conditioning import remove_value_transforms
 
+    from pytensor.compile.sharedvalue import SharedVariable
+
     untransformed = remove_value_transforms(template)
     inputs = [untransformed.rvs_to_values[rv] for rv in untransformed.free_RVs]
     terms = untransformed.logp(vars=untransformed.observed_RVs, sum=False)
-    fn = pytensor.function(inputs, terms, on_unused_input="ignore")
+    # remove_value_transforms deep-copies the pm.Data containers and dimension lengths; read the
+    # template's instead, into which each dataset is loaded (else every dataset would get the
+    # reference dataset's log-likelihood).
+    givens = [(var, template.named_vars[name]) for name, var in untransformed.named_vars.items()
+              if isinstance(var, SharedVariable) and name in template.named_vars]
+    givens += [(var, template.dim_lengths[name]) for name, var in untransformed.dim_lengths.items()
+               if isinstance(var, SharedVariable)]
+    fn = pytensor.function(inputs, terms, givens=givens, on_unused_input="ignore")
     return fn, [rv.name for rv in untransformed.free_RVs]
 
 
