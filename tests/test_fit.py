@@ -1,0 +1,425 @@
+"""Compile once, fit many: one ``fit_batch`` swaps data into one compiled model.
+
+A batch of ten simulated datasets (different numbers of rows and groups) is fitted once in this
+process with log-likelihood and posterior predictive enabled, counting every numba and PyTensor
+compilation per dataset; the other tests read its outputs. All fits use the session cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+import xarray as xr
+
+import batchfit
+from batchfit.config import config_from_dict
+from batchfit.errors import BatchfitError, DatasetError, ModelContractError
+from batchfit.fit import dataset_seed, fit_batch
+
+REPO = Path(__file__).resolve().parents[1]
+HIERARCHICAL = REPO / "models" / "hierarchical.py"
+SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 2026}
+IDS = [f"d{i}" for i in range(10)]
+
+
+def write_datasets(out_dir: Path, indices: range | list[int], *, seed: int = 5) -> dict[str, Path]:
+    from batchfit.modelfile import load_model_file
+
+    simulate = load_model_file(HIERARCHICAL).simulate
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for i in indices:
+        paths[f"d{i}"] = out_dir / f"d{i}.csv"
+        simulate(np.random.default_rng([seed, i]), i).to_csv(paths[f"d{i}"], index=False)
+    return paths
+
+
+def make_config(results_dir: Path, cache_dir: Path, datasets: list[str], *, model: Path = HIERARCHICAL,
+                extras: bool = False, **overrides):
+    return config_from_dict({
+        "model": str(model), "datasets": datasets, "sampler": SAMPLER, "cache_dir": str(cache_dir),
+        "results_dir": str(results_dir),
+        "outputs": {"log_likelihood": extras, "posterior_predictive": extras}, **overrides,
+    })
+
+
+def read_tree(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every group's variables of a fit file, loaded into memory."""
+    with xr.open_datatree(path) as tree:
+        return {name.strip("/"): {v: tree[name].ds[v].values.copy() for v in tree[name].ds.data_vars}
+                for name in tree.groups if name != "/"}
+
+
+def assert_groups_equal(a, b, groups=("posterior", "log_likelihood", "posterior_predictive")):
+    for group in groups:
+        assert sorted(a[group]) == sorted(b[group]), group
+        for name in a[group]:
+            assert np.array_equal(a[group][name], b[group][name]), f"{group}.{name} differs"
+
+
+# --- the instrumented batch --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fit-data")
+    write_datasets(root, range(10))
+    return root
+
+
+@pytest.fixture(scope="module")
+def batch10(data_dir, tmp_path_factory, session_cache):
+    """d0..d9 and then d0 again in one batch, counting compilations after each dataset."""
+    import numba
+    from numba.core import compiler, event
+    from pytensor.compile.maker import FunctionMaker
+
+    import batchfit.fit as fit_module
+
+    results = tmp_path_factory.mktemp("fit-results")
+    config = make_config(results, session_cache, [str(data_dir / "*.csv")], extras=True)
+    counts = {"numba_events": 0, "numba_pipelines": 0, "pytensor_functions": 0}
+    snapshots, trees, outcomes = [], [], []
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            counts["numba_events"] += 1
+
+        def on_end(self, ev):
+            pass
+
+    real_core, real_init, real_fit_one = compiler.CompilerBase._compile_core, FunctionMaker.__init__, fit_module.fit_one
+
+    def counting_core(self):
+        counts["numba_pipelines"] += 1
+        return real_core(self)
+
+    def counting_init(self, *args, **kwargs):
+        counts["pytensor_functions"] += 1
+        return real_init(self, *args, **kwargs)
+
+    def recording_fit_one(fitter, dataset_id, paths, *, threads):
+        if not snapshots:
+            snapshots.append(dict(counts))  # after compile_model and the Fitter's set-up
+        outcome = real_fit_one(fitter, dataset_id, paths, threads=threads)
+        snapshots.append(dict(counts))
+        outcomes.append(outcome)
+        trees.append(read_tree(config.fit_path(dataset_id)) if outcome.status == "ok" else None)
+        return outcome
+
+    ids = [*IDS, "d0"]
+    with pytest.MonkeyPatch.context() as mp, event.install_listener("numba:compile", Listener()):
+        mp.setattr(compiler.CompilerBase, "_compile_core", counting_core)
+        mp.setattr(FunctionMaker, "__init__", counting_init)
+        mp.setattr(fit_module, "fit_one", recording_fit_one)
+        before = dict(counts)
+        report = fit_batch(config, ids, batch_id="ten", threads=2)
+        # the counters work: a jit function and a PyTensor function are both seen
+        numba.njit(lambda x: x + 1)(1)
+        import pytensor
+        import pytensor.tensor as pt
+
+        v = pt.dvector("v")
+        pytensor.function([v], v * 2.0, mode="FAST_COMPILE")
+        control = dict(counts)
+    return {"config": config, "ids": ids, "report": report, "before": before, "snapshots": snapshots,
+            "trees": trees, "outcomes": outcomes, "control": control, "data_dir": data_dir}
+
+
+# --- 1. no recompilation inside a batch ------------------------------------------------------------
+
+def test_no_compilation_after_the_first_dataset(batch10):
+    assert [o.status for o in batch10["outcomes"]] == ["ok"] * 11, batch10["outcomes"]
+    assert batch10["report"].compile.startswith("cache hit"), "the session cache holds the hierarchical model"
+    snapshots = batch10["snapshots"]
+    assert len(snapshots) == 12
+    after_first = snapshots[1]
+    for i, snap in enumerate(snapshots[2:], start=2):
+        assert snap == after_first, f"compilations while fitting dataset {i} ({batch10['ids'][i - 1]}): {snapshots}"
+    # the set-up did compile PyTensor functions (initial point, shapes, log-likelihood,
+    # predictive), so the counter is live; the controls prove both counters count
+    assert snapshots[0]["pytensor_functions"] > batch10["before"]["pytensor_functions"]
+    control, last = batch10["control"], snapshots[-1]
+    assert control["numba_events"] > last["numba_events"] and control["numba_pipelines"] > last["numba_pipelines"]
+    assert control["pytensor_functions"] == last["pytensor_functions"] + 1
+
+
+# --- 2. different sizes share one compile; outputs carry each dataset's coords ----------------------
+
+def test_each_fit_has_its_own_groups_and_rows(batch10):
+    sizes, keys = set(), set()
+    for dataset_id, tree in zip(batch10["ids"], batch10["trees"], strict=True):
+        frame = pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")
+        labels = sorted(frame["group"].unique())
+        with xr.open_datatree(batch10["config"].fit_path(dataset_id)) as fit:
+            post = fit["posterior"].ds
+            assert list(post["a"].dims) == ["chain", "draw", "groups"]
+            assert list(post["groups"].values) == labels
+            keys.add(fit.attrs["compile_key"])
+        assert tree["posterior"]["a"].shape == (2, 100, len(labels))
+        assert tree["log_likelihood"]["y_obs"].shape == (2, 100, len(frame))
+        assert np.array_equal(tree["observed_data"]["y_obs"], frame["y"].to_numpy())
+        assert np.array_equal(tree["constant_data"]["x"], frame["x"].to_numpy())
+        sizes.add((len(labels), len(frame)))
+    assert len(sizes) >= 8, sizes  # really different shapes ...
+    assert len(keys) == 1  # ... one compile
+
+
+# --- 3. no stale values -----------------------------------------------------------------------------
+
+def test_refitting_a_dataset_later_in_the_batch_gives_identical_results(batch10):
+    first, again = batch10["trees"][0], batch10["trees"][-1]
+    assert batch10["ids"][0] == batch10["ids"][-1] == "d0"
+    assert_groups_equal(first, again)
+    # the datasets in between really were different
+    assert batch10["trees"][-2]["posterior"]["a"].shape != first["posterior"]["a"].shape
+
+
+# --- 4. position independence ------------------------------------------------------------------------
+
+def test_posterior_does_not_depend_on_position_in_batch(batch10, tmp_path, session_cache):
+    data_dir = batch10["data_dir"]
+    x = "d3"
+    runs = {"in the batch of 11": batch10["trees"][3]["posterior"]}
+    for name, ids in {"alone": [x], "first of 3": [x, "d7", "d1"], "last of 2": ["d8", x]}.items():
+        config = make_config(tmp_path / name.replace(" ", "-"), session_cache, [str(data_dir / "*.csv")])
+        report = fit_batch(config, ids, batch_id="b")
+        assert all(o.status == "ok" for o in report.outcomes), report.outcomes
+        runs[name] = read_tree(config.fit_path(x))["posterior"]
+        with xr.open_datatree(config.fit_path(x)) as tree:
+            assert tree.attrs["seed"] == dataset_seed(SAMPLER["seed"], x)
+    reference = runs.pop("alone")
+    for name, post in runs.items():
+        assert sorted(post) == sorted(reference)
+        for var in reference:
+            assert np.array_equal(post[var], reference[var]), f"{var} differs when {x} is fitted {name}"
+
+
+def test_dataset_seed_depends_only_on_global_seed_and_id():
+    seeds = {dataset_seed(g, i) for g in (1, 2) for i in ("a", "b")}
+    assert len(seeds) == 4
+    assert dataset_seed(1, "a") == dataset_seed(1, "a")
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+# --- 5. contract errors ------------------------------------------------------------------------------
+
+BAKED_MODEL = textwrap.dedent("""
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Normal("y_obs", b * data["x"], 1.0, observed=pm.Data("y", data["y"]))
+        return model
+""")
+
+NO_COLUMN_MODEL = textwrap.dedent("""
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            x = pm.Data("slope_x", data["x"])
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Normal("y_obs", b * x, 1.0, observed=pm.Data("y", data["y"]))
+        return model
+""")
+
+
+def _dataset(dataset_id: str, **arrays):
+    from batchfit.data import Dataset
+
+    return Dataset(id=dataset_id, path=Path(f"/data/{dataset_id}.csv"), arrays=arrays, coords={})
+
+
+def test_column_baked_in_as_constant_is_named_with_the_fix(tmp_path):
+    from batchfit.modelfile import build_model, load_model_file
+
+    (tmp_path / "baked.py").write_text(BAKED_MODEL)
+    data = _dataset("shop7", x=np.linspace(0.0, 1.0, 9), y=np.arange(9.0))
+    with pytest.raises(ModelContractError) as info:
+        build_model(load_model_file(tmp_path / "baked.py"), data)
+    text = str(info.value)
+    assert "column 'x'" in text and "'shop7'" in text and "'y_obs'" in text
+    assert "pm.Data('x', data['x'])" in text
+
+
+def test_data_container_without_a_column_is_named_with_the_fix(tmp_path):
+    from batchfit.modelfile import build_model, load_model_file
+
+    (tmp_path / "nocol.py").write_text(NO_COLUMN_MODEL)
+    data = _dataset("shop8", x=np.linspace(0.0, 1.0, 9), y=np.arange(9.0))
+    with pytest.raises(ModelContractError) as info:
+        build_model(load_model_file(tmp_path / "nocol.py"), data)
+    text = str(info.value)
+    assert "'slope_x'" in text and "'shop8'" in text and "columns are: x, y" in text
+    assert "Name each pm.Data after the column it holds" in text
+
+
+# build_model of the hierarchical example, except that some datasets break the contract: one
+# with a column 'w' uses it directly (baked in); one with 'offset_col' puts it in a pm.Data
+# named 'offset', which has no column. For the others it builds exactly the bundled model, so
+# the batch loads the session cache's entry.
+CONTRACT_MODEL = textwrap.dedent("""
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model(coords={"groups": data.coords["group"]}) as model:
+            x = pm.Data("x", data["x"])
+            group = pm.Data("group", data["group"])
+            y = pm.Data("y", data["y"])
+            mu_a = pm.Normal("mu_a", 0.0, 5.0)
+            sigma_a = pm.HalfNormal("sigma_a", 2.0)
+            a = pm.Normal("a", mu_a, sigma_a, dims="groups")
+            b = pm.Normal("b", 0.0, 2.0)
+            sigma = pm.HalfNormal("sigma", 2.0)
+            mu = a[group] + b * x
+            if "w" in data:
+                mu = mu + data["w"]
+            if "offset_col" in data:
+                mu = mu + pm.Data("offset", data["offset_col"])
+            pm.Normal("y_obs", mu, sigma, observed=y, shape=x.shape)
+        return model
+""")
+
+
+@pytest.fixture
+def contract_sweep(tmp_path):
+    """Datasets a_ok, e_ok (fine), b_baked, c_nodata, d_text (a text x) and f_rank.nc (a 2-D x)."""
+    data = tmp_path / "data"
+    paths = write_datasets(data, [1, 2])
+    base = pd.read_csv(paths["d1"])
+    paths["d1"].rename(data / "a_ok.csv")
+    paths["d2"].rename(data / "e_ok.csv")
+    base.assign(w=np.linspace(0.0, 1.0, len(base))).to_csv(data / "b_baked.csv", index=False)
+    base.assign(offset_col=np.linspace(0.0, 1.0, len(base))).to_csv(data / "c_nodata.csv", index=False)
+    base.assign(x=base["x"].astype(str).where(base.index != 3, "abc")).to_csv(data / "d_text.csv", index=False)
+    codes = pd.factorize(base["group"], sort=True)[0]
+    xr.Dataset({"x": (("row", "k"), np.c_[base["x"], base["x"]]), "y": ("row", base["y"].to_numpy()),
+                "group": ("row", codes)}).to_netcdf(data / "f_rank.nc")
+    (tmp_path / "model.py").write_text(CONTRACT_MODEL)
+    return tmp_path
+
+
+def _failure(config, dataset_id):
+    return json.loads(config.failure_path(dataset_id).read_text())
+
+
+def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, session_cache):
+    root = contract_sweep
+    config = make_config(root / "results", session_cache, [str(root / "data" / "*.csv"), str(root / "data" / "*.nc")],
+                         model=root / "model.py", on_error="continue")
+    ids = ["a_ok", "b_baked", "c_nodata", "d_text", "f_rank", "e_ok"]
+    report = fit_batch(config, ids, batch_id="contract")
+    assert report.compile.startswith("cache hit"), "the good datasets build the bundled model's structure"
+    assert {o.dataset: o.status for o in report.outcomes} == {
+        "a_ok": "ok", "b_baked": "failed", "c_nodata": "failed", "d_text": "failed", "f_rank": "failed", "e_ok": "ok"}
+    assert config.fit_path("a_ok").is_file() and config.fit_path("e_ok").is_file()
+
+    expected = {
+        "b_baked": ["column 'w'", "'b_baked'", "baked into the model", "pm.Data('w', data['w'])"],
+        "c_nodata": ["'offset'", "'c_nodata'", "no column", "Name each pm.Data after the column it holds"],
+        "d_text": ["column 'x'", "dataset 'd_text'", "non-numeric values such as 'abc'", "needs numbers"],
+        "f_rank": ["column 'x'", "dataset 'f_rank'", "2 dimension(s)", "needs 1"],
+    }
+    for dataset_id, parts in expected.items():
+        record = _failure(config, dataset_id)
+        assert record["dataset"] == dataset_id and record["stage"] == "build", record
+        assert record["path"].endswith(dataset_id + (".nc" if dataset_id == "f_rank" else ".csv"))
+        for part in parts:
+            assert part in record["message"], (part, record["message"])
+        assert not config.fit_path(dataset_id).exists()
+    manifest = json.loads(config.batch_manifest_path("contract").read_text())
+    assert list(manifest["datasets"]) == ids
+    assert manifest["datasets"]["d_text"]["stage"] == "build"
+    assert manifest["datasets"]["d_text"]["error_type"] == DatasetError.__name__
+
+
+def test_on_error_stop_raises_after_writing_the_manifest(contract_sweep, session_cache):
+    root = contract_sweep
+    config = make_config(root / "results", session_cache, [str(root / "data" / "*.csv")],
+                         model=root / "model.py", on_error="stop")
+    with pytest.raises(BatchfitError, match="b_baked") as info:
+        fit_batch(config, ["a_ok", "b_baked", "e_ok"], batch_id="stop")
+    assert "build" in str(info.value) and "column 'w'" in str(info.value)
+    manifest = json.loads(config.batch_manifest_path("stop").read_text())
+    assert {d: o["status"] for d, o in manifest["datasets"].items()} == {"a_ok": "ok", "b_baked": "failed"}
+    assert config.fit_path("a_ok").is_file(), "fits written before the failure stay on disk"
+    assert not config.fit_path("e_ok").exists()
+    assert _failure(config, "b_baked")["stage"] == "build"
+
+
+def test_integer_column_is_cast_to_the_models_float(tmp_path, session_cache):
+    """Not a contract error: whole-number x values read as int64 are cast to the reference's float64."""
+    data = tmp_path / "data"
+    paths = write_datasets(data, [1])
+    frame = pd.read_csv(paths["d1"])
+    frame.assign(x=np.round(frame["x"] * 10).astype(int)).to_csv(data / "d1int.csv", index=False)
+    config = make_config(tmp_path / "results", session_cache, [str(data / "*.csv")])
+    report = fit_batch(config, ["d1int"], batch_id="ints")
+    assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
+    with xr.open_datatree(config.fit_path("d1int")) as tree:
+        assert tree["constant_data"].ds["x"].dtype == np.float64
+
+
+# --- 6. output layout ------------------------------------------------------------------------------
+
+def test_fit_file_layout(batch10):
+    import arviz
+
+    config, dataset_id = batch10["config"], "d4"
+    path = config.fit_path(dataset_id)
+    n_obs = len(pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv"))
+    with xr.open_datatree(path) as tree:
+        groups = {name.strip("/") for name in tree.groups} - {""}
+        assert {"posterior", "sample_stats", "observed_data", "constant_data",
+                "log_likelihood", "posterior_predictive"} <= groups
+        for group in ("log_likelihood", "posterior_predictive"):
+            assert tree[group].ds["y_obs"].shape == (2, 100, n_obs)
+            assert tree[group].ds["y_obs"].dims[:2] == ("chain", "draw")
+        assert set(tree["posterior"].ds.data_vars) == {"mu_a", "sigma_a", "a", "b", "sigma"}
+        assert {"diverging"} <= set(tree["sample_stats"].ds.data_vars)
+        assert set(tree["constant_data"].ds.data_vars) == {"x", "group"}
+        attrs = dict(tree.attrs)
+    assert attrs["batchfit_version"] == batchfit.__version__
+    assert attrs["dataset"] == dataset_id
+    assert attrs["model_hash"] == hashlib.sha256(HIERARCHICAL.read_bytes()).hexdigest()
+    assert int(attrs["seed"]) == dataset_seed(SAMPLER["seed"], dataset_id)
+    assert json.loads(attrs["sampler"]) == config.sampler_dict()
+
+    data = arviz.from_netcdf(path)
+    assert np.array_equal(np.asarray(data["posterior"]["b"]), batch10["trees"][4]["posterior"]["b"])
+    assert np.asarray(data["log_likelihood"]["y_obs"]).shape == (2, 100, n_obs)
+
+
+def test_fit_without_extras_has_no_extra_groups(batch10, tmp_path, session_cache):
+    config = make_config(tmp_path / "results", session_cache, [str(batch10["data_dir"] / "*.csv")])
+    fit_batch(config, ["d2"], batch_id="plain")
+    with xr.open_datatree(config.fit_path("d2")) as tree:
+        groups = {name.strip("/") for name in tree.groups}
+        assert "log_likelihood" not in groups and "posterior_predictive" not in groups
+        assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= groups
+
+
+# --- 7. the log-likelihood is right ------------------------------------------------------------------
+
+def test_log_likelihood_matches_scipy(batch10):
+    for index, dataset_id, (chain, draw) in ((2, "d2", (1, 17)), (7, "d7", (0, 99))):
+        frame = pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")
+        with xr.open_datatree(batch10["config"].fit_path(dataset_id)) as tree:
+            post = tree["posterior"].ds.isel(chain=chain, draw=draw)
+            a = dict(zip(post["groups"].values, post["a"].values, strict=True))
+            b, sigma = float(post["b"]), float(post["sigma"])
+            loglik = tree["log_likelihood"].ds["y_obs"].values[chain, draw]
+        mu = np.array([a[g] for g in frame["group"]]) + b * frame["x"].to_numpy()
+        expected = scipy.stats.norm.logpdf(frame["y"].to_numpy(), mu, sigma)
+        np.testing.assert_allclose(loglik, expected, rtol=1e-10, atol=1e-12)
+        # the check can tell draws apart: another draw's values do not match these parameters
+        other = batch10["trees"][index]["log_likelihood"]["y_obs"][1 - chain, (draw + 1) % 100]
+        assert not np.allclose(other, expected)
