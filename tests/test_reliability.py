@@ -82,8 +82,8 @@ def write_config(path: Path, data: dict) -> Path:
 
 def snakemake(workdir: Path, configfile: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real snakemake on the repository's Snakefile in ``workdir``."""
-    command = [*SNAKEMAKE, "--cores", "2", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
-               "--configfile", str(configfile), *args]
+    command = [*SNAKEMAKE, *args, "--cores", "2", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
+               "--configfile", str(configfile)]  # last: --configfile would take targets as more files
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout)
 
 
@@ -302,8 +302,22 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert [list(m["datasets"]) for m in new] == [["d_004"]]
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "d_004.nc"} == fitted
     assert set(pd.read_csv(results / "summary.csv")["dataset"]) == {"c_nan", "c_nocol", *good, "d_004"}
+    fitted = mtimes(results / "fits")
 
-    # Run 5: nothing pending: no fit job, nothing re-fitted.
+    # Run 5: a corrected data file of a fitted dataset makes only that dataset pending again.
+    old = posterior_arrays(results / "fits" / "d_001.nc")
+    table(5, 50, 4).to_csv(data / "d_001.csv", index=False)
+    before = manifests(results)
+    run = snakemake(tmp_path, config)
+    assert run.returncode == 0, output_of(run)
+    new = [v for k, v in manifests(results).items() if k not in before]
+    assert [list(m["datasets"]) for m in new] == [["d_001"]]
+    assert {k: v for k, v in mtimes(results / "fits").items() if k != "d_001.nc"} == {
+        k: v for k, v in fitted.items() if k != "d_001.nc"}
+    assert mtimes(results / "fits")["d_001.nc"] > fitted["d_001.nc"]
+    assert not np.array_equal(posterior_arrays(results / "fits" / "d_001.nc")["b"], old["b"])
+
+    # Run 6: nothing pending: no fit job, nothing re-fitted.
     before, fitted = manifests(results), mtimes(results / "fits")
     run = snakemake(tmp_path, config)
     assert run.returncode == 0, output_of(run)
@@ -378,6 +392,10 @@ def test_killed_fit_job_leaves_nothing_half_written_and_a_rerun_gives_the_same_p
             assert job.poll() is None, "snakemake ended before writing a fit"
             assert time.monotonic() < deadline, "no fit written in time"
             time.sleep(0.02)
+        # Aim for the moment the next fit is being written (its temporary file exists).
+        deadline = time.monotonic() + 10
+        while not any(fits.glob(".*.tmp*")) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.001)
         fit_jobs = [pid for pid, argv in _descendants_in_group(job.pid)
                     if argv and "python" in Path(argv[0]).name and any(a.endswith(".fit.py") for a in argv)]
         assert fit_jobs, _descendants_in_group(job.pid)
@@ -387,6 +405,7 @@ def test_killed_fit_job_leaves_nothing_half_written_and_a_rerun_gives_the_same_p
     finally:
         job.wait(timeout=60)
     written = sorted(p.stem for p in fits.glob("s_*.nc"))
+    print("killed after", written, "leaving", sorted(p.name for p in fits.glob(".*")))
     assert 1 <= len(written) < len(ids), f"not killed in the middle of the batch: {written}"
     assert not (project / "results" / "batches").exists() or not any((project / "results" / "batches").iterdir())
     _assert_every_output_readable(project / "results")
@@ -563,6 +582,29 @@ def test_fuzzed_datasets_fail_only_with_batchfit_errors_naming_the_dataset(fuzz,
         assert outcome.error_type in BATCHFIT_ERRORS, outcome
     else:
         assert outcome.stage == "sample" and "initialization points failed" in outcome.message, outcome
+
+
+KNOWN_DEEP_FAILURES = [  # (id, dataset, stage, what the record must say)
+    pytest.param("extreme", table(5, 12, 3).assign(y=lambda f: f["y"] * 1e300), "sample",
+                 ["sample failed for dataset 'extreme'", "extreme.csv", "look for extreme values"], id="extreme-values"),
+    pytest.param("nul_label", table(5, 12, 3).assign(group=lambda f: f["group"].str.replace("g01", "g\x0001")),
+                 "build", ["dataset 'nul_label'", "column 'group'", "NUL character"], id="nul-in-label"),
+]
+
+
+@pytest.mark.parametrize(("dataset_id", "frame", "stage", "fragments"), KNOWN_DEEP_FAILURES)
+def test_sampler_and_writer_failures_name_dataset_and_file(fuzz, dataset_id: str, frame: pd.DataFrame, stage: str,
+                                                           fragments: list[str]) -> None:
+    """Data that only nutpie (non-finite log density) or h5py (NUL in labels) would trip over."""
+    from batchfit.fit import fit_one
+
+    fitter, directory, _ = fuzz
+    path = directory.parent / f"{dataset_id}.csv"
+    frame.to_csv(path, index=False)
+    outcome = fit_one(fitter, dataset_id, {dataset_id: path}, threads=1)
+    assert (outcome.status, outcome.stage) == ("failed", stage), outcome
+    assert all(f in outcome.message for f in fragments), outcome.message
+    assert not fitter.config.fit_path(dataset_id).exists()
 
 
 def test_check_agrees_with_the_fuzzed_fits(fuzz, session_cache: Path) -> None:
