@@ -73,6 +73,34 @@ def run_compile(config: Config) -> dict[str, Any]:
     return stamp
 
 
+def compile_stamp_path(config: Config) -> Path:
+    """Where the compile stage records that the cache holds this model: inside the cache.
+
+    Named by the model file's content, the check setting and the library versions, so a sweep
+    whose results were deleted (or a second sweep of the same model) finds the cache already
+    filled and Snakemake skips the compile job; a changed model or an upgrade compiles again.
+    """
+    from importlib.metadata import version
+
+    from batchfit import __version__
+    from batchfit.fingerprint import LIBRARIES
+
+    parts = [Path(config.model).read_bytes(), str(config.allow_object_mode).encode(), __version__.encode(),
+             *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
+    digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
+    return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
+
+
+def fit_threads(config: Config, cores: int, n_batches: int) -> int:
+    """Threads per fit job: all cores for one batch; otherwise split cores across parallel jobs.
+
+    A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
+    it is better hidden by running jobs side by side than by giving one job every core.
+    """
+    parallel_jobs = max(1, min(n_batches, cores))
+    return max(1, min(config.sampler.chains, cores // parallel_jobs))
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write a small JSON output atomically."""
     with atomic_path(path) as tmp:

@@ -1,9 +1,10 @@
 # Config validation and the sweep's plan: which datasets exist and which batches still need fitting.
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from batchfit.pipeline import plan, snakemake_config
+from batchfit.pipeline import compile_stamp_path, failure_line, fit_threads, plan, snakemake_config
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
@@ -13,6 +14,8 @@ BF = snakemake_config(config, CONFIG_SOURCE)
 validate(config, "../schemas/config.schema.yaml")
 PLAN = plan(BF)
 RESULTS = BF.results_dir
+COMPILED = compile_stamp_path(BF)
+FIT_THREADS = fit_threads(BF, workflow.cores, len(PLAN.batches))
 
 
 def batch_datasets(wildcards):

@@ -3,7 +3,7 @@ rule compile:
     input:
         model=str(BF.model),
     output:
-        RESULTS / "compile.json",
+        COMPILED,
     params:
         config_source=CONFIG_SOURCE,
     log:

@@ -11,7 +11,7 @@ rule fit:
     params:
         config_source=CONFIG_SOURCE,
         datasets=lambda wildcards: PLAN.batches[wildcards.batch],
-    threads: min(BF.sampler.chains, workflow.cores)
+    threads: FIT_THREADS
     resources:
         mem_mb=4000,
     conda:
