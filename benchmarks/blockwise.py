@@ -216,19 +216,41 @@ def main(argv: list[str] | None = None) -> int:
     numba_t, c_t, py_t = (evals[k]["median_s"] for k in ("numba", "c", "python"))
     rows = [
         ("logp+grad, numba (NUMBA)", _fmt_time(numba_t), "1.00", f"{evals['numba']['calls']} calls"),
-        ("logp+grad, C (FAST_RUN rewrites, linker=cvm)", _fmt_time(c_t), f"{c_t / numba_t:.2f}",
-         f"{evals['c']['calls']} calls, max rel diff {evals['c']['max_rel_diff_vs_numba']:.1e}"),
-        ("logp+grad, Python (FAST_COMPILE)", _fmt_time(py_t), f"{py_t / numba_t:.1f}",
-         f"{evals['python']['calls']} calls, max rel diff {evals['python']['max_rel_diff_vs_numba']:.1e}"),
-        ('logp+grad, mode="FAST_RUN" (= numba in PyTensor 3.3)', _fmt_time(evals["fast_run"]["median_s"]),
-         f"{evals['fast_run']['median_s'] / numba_t:.2f}", f"{evals['fast_run']['calls']} calls, same linker as NUMBA"),
-        ("numba compile, cold (empty cache)", _fmt_time(cold["compile_s"]), "1.00",
-         f"process {cold['process_wall_s']:.1f} s"),
-        ("numba compile, warm (cached)", _fmt_time(warm["compile_s"]), f"{warm['compile_s'] / cold['compile_s']:.3f}",
-         f"process {warm['process_wall_s']:.1f} s"),
+        (
+            "logp+grad, C (FAST_RUN rewrites, linker=cvm)",
+            _fmt_time(c_t),
+            f"{c_t / numba_t:.2f}",
+            f"{evals['c']['calls']} calls, max rel diff {evals['c']['max_rel_diff_vs_numba']:.1e}",
+        ),
+        (
+            "logp+grad, Python (FAST_COMPILE)",
+            _fmt_time(py_t),
+            f"{py_t / numba_t:.1f}",
+            f"{evals['python']['calls']} calls, max rel diff {evals['python']['max_rel_diff_vs_numba']:.1e}",
+        ),
+        (
+            'logp+grad, mode="FAST_RUN" (= numba in PyTensor 3.3)',
+            _fmt_time(evals["fast_run"]["median_s"]),
+            f"{evals['fast_run']['median_s'] / numba_t:.2f}",
+            f"{evals['fast_run']['calls']} calls, same linker as NUMBA",
+        ),
+        (
+            "numba compile, cold (empty cache)",
+            _fmt_time(cold["compile_s"]),
+            "1.00",
+            f"process {cold['process_wall_s']:.1f} s",
+        ),
+        (
+            "numba compile, warm (cached)",
+            _fmt_time(warm["compile_s"]),
+            f"{warm['compile_s'] / cold['compile_s']:.3f}",
+            f"process {warm['process_wall_s']:.1f} s",
+        ),
     ]
-    title = (f"Batched MvNormal: {N_GROUPS} groups x {DIM}-dim covariance, {N_OBS} obs/group; "
-             f"logp + gradient (median per call)")
+    title = (
+        f"Batched MvNormal: {N_GROUPS} groups x {DIM}-dim covariance, {N_OBS} obs/group; "
+        f"logp + gradient (median per call)"
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     header = ("case", "time", "ratio", "notes")
     widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
@@ -237,17 +259,28 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join("-" * w for w in widths))
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    print(f"ratios: time relative to numba (rows 1-4) / to the cold compile (rows 5-6); "
-          f"C/numba = {c_t / numba_t:.2f} (>= 1 means numba is no slower than C)")
+    print(
+        f"ratios: time relative to numba (rows 1-4) / to the cold compile (rows 5-6); "
+        f"C/numba = {c_t / numba_t:.2f} (>= 1 means numba is no slower than C)"
+    )
     print(f"numba fallbacks: {cold['fallbacks'] or 'none'}")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "blockwise.json"
-    out.write_text(json.dumps({
-        "model": {"groups": N_GROUPS, "dim": DIM, "obs_per_group": N_OBS},
-        "evaluate": evals, "compile_cold": cold, "compile_warm": warm,
-        "python": sys.version, "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "model": {"groups": N_GROUPS, "dim": DIM, "obs_per_group": N_OBS},
+                "evaluate": evals,
+                "compile_cold": cold,
+                "compile_warm": warm,
+                "python": sys.version,
+                "machine": platform.machine(),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            },
+            indent=2,
+        )
+    )
     print(f"written: {out.relative_to(REPO)}")
     return 0
 

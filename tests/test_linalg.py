@@ -154,9 +154,7 @@ def _assert_close(actual, expected, what):
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL, err_msg=what)
 
 
-@pytest.mark.parametrize(
-    "mode", [NUMBA, NUMBA_NO_CORE_SHAPE], ids=["numba", "numba-no-core-shape"]
-)
+@pytest.mark.parametrize("mode", [NUMBA, NUMBA_NO_CORE_SHAPE], ids=["numba", "numba-no-core-shape"])
 @pytest.mark.parametrize("case", list(LINALG_CASES))
 def test_batched_linalg_op_and_gradient(case, mode, linalg_inputs):
     build, reference = LINALG_CASES[case]
@@ -308,8 +306,7 @@ def model_lkj_cholesky_cov_per_group(rng):
     # vector values"), so each group gets its own and the factors are stacked into a batch.
     with pm.Model() as model:
         chols = [
-            pm.LKJCholeskyCov(f"chol_{g}", n=D, eta=2.0, sd_dist=pm.Exponential.dist(1.0, size=D))[0]
-            for g in range(G)
+            pm.LKJCholeskyCov(f"chol_{g}", n=D, eta=2.0, sd_dist=pm.Exponential.dist(1.0, size=D))[0] for g in range(G)
         ]
         mu = pm.Normal("mu", 0.0, 2.0, shape=(G, D))
         pm.MvNormal("y", mu=mu, chol=pt.stack(chols), observed=_observed(rng, 4, G, D))
@@ -396,7 +393,9 @@ def test_batched_mvnormal_likelihood_matches_scipy():
         ],
         axis=-1,
     )
-    _assert_close(_at_point(model, model.logp(vars=[y_rv], sum=False)[0], point, NUMBA), expected, "MvNormal logp vs scipy")
+    _assert_close(
+        _at_point(model, model.logp(vars=[y_rv], sum=False)[0], point, NUMBA), expected, "MvNormal logp vs scipy"
+    )
 
 
 def test_gp_marginal_likelihood_matches_scipy():

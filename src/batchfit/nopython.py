@@ -124,8 +124,7 @@ def _record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
         patched = [
             module
             for module in list(sys.modules.values())
-            if isinstance(module, types.ModuleType)
-            and getattr(module, "generate_fallback_impl", None) is original
+            if isinstance(module, types.ModuleType) and getattr(module, "generate_fallback_impl", None) is original
         ]
         for module in patched:
             module.generate_fallback_impl = recording_fallback
@@ -151,9 +150,7 @@ def _objmode_kwarg_sets(code: types.CodeType) -> list[frozenset[str]]:
     pending = False  # saw `objmode` loaded, waiting for its call
     kw_names: tuple[str, ...] = ()
     for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_METHOD") and (
-            ins.argval == "objmode"
-        ):
+        if ins.opname in ("LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_METHOD") and (ins.argval == "objmode"):
             pending, kw_names = True, ()
         elif pending and ins.opname == "KW_NAMES":
             kw_names = tuple(ins.argval) if isinstance(ins.argval, tuple) else ()
@@ -239,7 +236,7 @@ def _funcify(op: Any, node: Any) -> tuple[Callable | None, str | None, list[Any]
 
 def _inner_nodes(op: Any, node: Any) -> list[tuple[Any, Any]]:
     """(op, node) pairs of the graphs nested in ``op`` that numba converts on its own."""
-    from pytensor.scalar.basic import ScalarOp, get_scalar_type
+    from pytensor.scalar.basic import get_scalar_type
     from pytensor.tensor.blockwise import Blockwise, BlockwiseWithCoreShape
     from pytensor.tensor.elemwise import Elemwise
 
@@ -247,9 +244,7 @@ def _inner_nodes(op: Any, node: Any) -> list[tuple[Any, Any]]:
         [blockwise_node] = op.fgraph.apply_nodes
         blockwise_op = blockwise_node.op
         nin = len(blockwise_node.inputs)
-        core = blockwise_op._create_dummy_core_node(
-            node.inputs[:nin], propagate_unbatched_core_inputs=True
-        )
+        core = blockwise_op._create_dummy_core_node(node.inputs[:nin], propagate_unbatched_core_inputs=True)
         return [(core.op, core)]
     if isinstance(op, Blockwise):
         core = op._create_dummy_core_node(node.inputs, propagate_unbatched_core_inputs=True)
@@ -261,11 +256,10 @@ def _inner_nodes(op: Any, node: Any) -> list[tuple[Any, Any]]:
         except Exception:
             return []
         return [(scalar_node.op, scalar_node)]
+    # Scan, OpFromGraph, Composite, ScalarLoop, ...: every node of the inner graph.
     fgraph = getattr(op, "fgraph", None)
     if fgraph is not None and hasattr(fgraph, "toposort"):
         return [(n.op, n) for n in fgraph.toposort()]
-    if isinstance(op, ScalarOp):
-        return []
     return []
 
 
@@ -321,9 +315,7 @@ def _normalise_names(
     return lambda name: name if name in allowed else None
 
 
-def _nearest_name(
-    fgraph: FunctionGraph, node: Apply, resolve: Callable[[str | None], str | None]
-) -> str | None:
+def _nearest_name(fgraph: FunctionGraph, node: Apply, resolve: Callable[[str | None], str | None]) -> str | None:
     """Breadth-first search both ways from ``node``; downstream wins at equal distance."""
     down: deque[Variable] = deque(node.outputs)
     up: deque[Variable] = deque(node.inputs)
@@ -420,8 +412,7 @@ def fallbacks_in_function(
     linker = getattr(fn.maker, "linker", None)
     if not isinstance(linker, NumbaLinker):
         raise TypeError(
-            f"fallbacks_in_function needs a function compiled with mode='NUMBA', got linker "
-            f"{type(linker).__name__}"
+            f"fallbacks_in_function needs a function compiled with mode='NUMBA', got linker {type(linker).__name__}"
         )
     return fallbacks_in_fgraph(fn.maker.fgraph, variable_names=variable_names)
 
