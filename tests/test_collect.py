@@ -21,6 +21,7 @@ from batchfit.collect import (
     collect_fits,
     dataset_health,
 )
+from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError, DatasetError
 
 CHAINS, DRAWS = 2, 50
@@ -33,34 +34,20 @@ class Health:
     max_divergences: int = 0
 
 
-@dataclass(frozen=True)
-class FakeConfig:
-    """Duck-typed stand-in for batchfit.config.Config."""
-
-    results_dir: Path
-    health: Health = Health()
-
-    def fit_path(self, dataset_id: str) -> Path:
-        return self.results_dir / "fits" / f"{dataset_id}.nc"
-
-    def failure_path(self, dataset_id: str) -> Path:
-        return self.results_dir / "failures" / f"{dataset_id}.json"
-
-    @property
-    def posteriors_path(self) -> Path:
-        return self.results_dir / "posteriors.nc"
-
-    @property
-    def summary_path(self) -> Path:
-        return self.results_dir / "summary.csv"
-
-    @property
-    def failures_csv_path(self) -> Path:
-        return self.results_dir / "failures.csv"
+def sweep_config(results_dir: Path) -> Config:
+    """A real Config whose results go to ``results_dir``, with the thresholds of ``Health()``."""
+    health = Health()
+    return config_from_dict({
+        "model": "model.py",
+        "datasets": ["*.csv"],
+        "results_dir": str(results_dir),
+        "health": {"max_r_hat": health.max_r_hat, "min_ess_bulk": health.min_ess_bulk,
+                   "max_divergences": health.max_divergences},
+    })
 
 
 def write_fit(
-    config: FakeConfig, dataset_id: str, n_groups: int, *, seed: int, divergent: int = 0, shift_chain: bool = False
+    config: Config, dataset_id: str, n_groups: int, *, seed: int, divergent: int = 0, shift_chain: bool = False
 ) -> Path:
     """Write a fit file in the fit stage's format with random draws (no sampling)."""
     rng = np.random.default_rng(seed)
@@ -104,7 +91,7 @@ def write_fit(
     return path
 
 
-def write_failure(config: FakeConfig, dataset_id: str, message: str) -> Path:
+def write_failure(config: Config, dataset_id: str, message: str) -> Path:
     path = config.failure_path(dataset_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -123,9 +110,9 @@ FAILURE_MESSAGE = "dataset error (dataset 'store_04', column 'y'): 3 missing val
 
 
 @pytest.fixture
-def sweep(tmp_path: Path) -> FakeConfig:
+def sweep(tmp_path: Path) -> Config:
     """Five datasets: two ok, one divergent, one with a stuck chain, one failed."""
-    config = FakeConfig(tmp_path / "results")
+    config = sweep_config(tmp_path / "results")
     write_fit(config, "store_01", 3, seed=1)
     write_fit(config, "store_02", 5, seed=2, divergent=4)
     write_fit(config, "store_03", 3, seed=3, shift_chain=True)
@@ -134,7 +121,7 @@ def sweep(tmp_path: Path) -> FakeConfig:
     return config
 
 
-def test_collect_report(sweep: FakeConfig) -> None:
+def test_collect_report(sweep: Config) -> None:
     report = collect(sweep, IDS)
     assert (report.n_ok, report.n_warning, report.n_failed) == (2, 2, 1)
     assert report.warning_ids == ["store_02", "store_03"]
@@ -151,7 +138,7 @@ def test_collect_report(sweep: FakeConfig) -> None:
     assert leftovers == []
 
 
-def test_posteriors_one_group_per_dataset(sweep: FakeConfig) -> None:
+def test_posteriors_one_group_per_dataset(sweep: Config) -> None:
     collect(sweep, IDS)
     with xr.open_datatree(sweep.posteriors_path) as tree:
         assert sorted(tree.children) == ["store_01", "store_02", "store_03", "store_07"]
@@ -171,7 +158,7 @@ def test_posteriors_one_group_per_dataset(sweep: FakeConfig) -> None:
             xr.testing.assert_equal(tree["store_07"].to_dataset(), fit["posterior"].to_dataset())
 
 
-def test_outputs_open_with_arviz(sweep: FakeConfig) -> None:
+def test_outputs_open_with_arviz(sweep: Config) -> None:
     collect(sweep, IDS)
     fit = arviz.from_netcdf(sweep.fit_path("store_01"))
     assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(fit.children)
@@ -180,7 +167,7 @@ def test_outputs_open_with_arviz(sweep: FakeConfig) -> None:
     assert "a[g5]" in table.index
 
 
-def test_summary_csv(sweep: FakeConfig) -> None:
+def test_summary_csv(sweep: Config) -> None:
     collect(sweep, IDS)
     summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
     assert list(summary.columns) == SUMMARY_COLUMNS
@@ -228,7 +215,7 @@ def test_summary_csv(sweep: FakeConfig) -> None:
     assert failed["message"] == FAILURE_MESSAGE
 
 
-def test_failures_csv(sweep: FakeConfig) -> None:
+def test_failures_csv(sweep: Config) -> None:
     collect(sweep, IDS)
     failures = pd.read_csv(sweep.failures_csv_path)
     assert list(failures.columns) == FAILURE_COLUMNS
@@ -243,26 +230,26 @@ def test_failures_csv(sweep: FakeConfig) -> None:
     ]
 
 
-def test_no_failures_writes_header_only(sweep: FakeConfig) -> None:
+def test_no_failures_writes_header_only(sweep: Config) -> None:
     report = collect(sweep, ["store_01", "store_07"])
     assert sweep.failures_csv_path.read_text() == ",".join(FAILURE_COLUMNS) + "\n"
     assert report.one_line() == "collect: 2 ok, 0 warning, 0 failed of 2 datasets"
 
 
-def test_missing_dataset_is_an_error(sweep: FakeConfig) -> None:
+def test_missing_dataset_is_an_error(sweep: Config) -> None:
     with pytest.raises(BatchfitError, match=r"'store_09'.*run the fit stage"):
         collect(sweep, [*IDS, "store_09"])
     assert not sweep.posteriors_path.exists()
     assert not sweep.summary_path.exists()
 
 
-def test_fit_and_failure_both_present_is_an_error(sweep: FakeConfig) -> None:
+def test_fit_and_failure_both_present_is_an_error(sweep: Config) -> None:
     write_failure(sweep, "store_01", "stale")
     with pytest.raises(BatchfitError, match=r"both a fit and a failure record.*'store_01'"):
         collect(sweep, IDS)
 
 
-def test_unreadable_fit_names_dataset_and_file(sweep: FakeConfig) -> None:
+def test_unreadable_fit_names_dataset_and_file(sweep: Config) -> None:
     sweep.fit_path("store_07").write_bytes(b"not netcdf")
     with pytest.raises(DatasetError, match=r"store_07.*store_07\.nc"):
         collect(sweep, IDS)
@@ -270,7 +257,7 @@ def test_unreadable_fit_names_dataset_and_file(sweep: FakeConfig) -> None:
     assert [p.name for p in sweep.results_dir.iterdir() if p.name.startswith(".")] == []
 
 
-def test_collect_fits_explicit_arguments(sweep: FakeConfig, tmp_path: Path) -> None:
+def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"
     report = collect_fits(
         ["store_03"],
@@ -285,7 +272,7 @@ def test_collect_fits_explicit_arguments(sweep: FakeConfig, tmp_path: Path) -> N
     assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv"}
 
 
-def test_dataset_health(sweep: FakeConfig) -> None:
+def test_dataset_health(sweep: Config) -> None:
     health = dataset_health(sweep.fit_path("store_02"), Health())
     assert health["divergences"] == 4
     assert health["status"] == "warning"
