@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -273,7 +272,8 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert "batchfit: 1 dataset(s) failed (c_nocol)" in output_of(run)
     new = {k: v for k, v in manifests(results).items() if k not in before}
     assert [sorted(m["datasets"]) for m in new.values()] == [["c_nan", "c_nocol"]]
-    assert {d: o["status"] for m in new.values() for d, o in m["datasets"].items()} == {"c_nan": "ok", "c_nocol": "failed"}
+    statuses = {d: o["status"] for m in new.values() for d, o in m["datasets"].items()}
+    assert statuses == {"c_nan": "ok", "c_nocol": "failed"}
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "c_nan.nc"} == fitted
     assert (results / "fits" / "c_nan.nc").is_file() and not (results / "failures" / "c_nan.json").exists()
     fitted = mtimes(results / "fits")
@@ -586,7 +586,8 @@ def test_fuzzed_datasets_fail_only_with_batchfit_errors_naming_the_dataset(fuzz,
 
 KNOWN_DEEP_FAILURES = [  # (id, dataset, stage, what the record must say)
     pytest.param("extreme", table(5, 12, 3).assign(y=lambda f: f["y"] * 1e300), "sample",
-                 ["sample failed for dataset 'extreme'", "extreme.csv", "look for extreme values"], id="extreme-values"),
+                 ["sample failed for dataset 'extreme'", "extreme.csv", "look for extreme values"],
+                 id="extreme-values"),
     pytest.param("nul_label", table(5, 12, 3).assign(group=lambda f: f["group"].str.replace("g01", "g\x0001")),
                  "build", ["dataset 'nul_label'", "column 'group'", "NUL character"], id="nul-in-label"),
 ]
@@ -619,9 +620,9 @@ def test_check_agrees_with_the_fuzzed_fits(fuzz, session_cache: Path) -> None:
     assert report.reference == "aaa_ref" and not report.fallbacks
     for dataset_id, outcome in outcomes.items():
         flagged = dataset_id in report.dataset_problems
+        column_problem = outcome.error_type in ("DatasetError", "MissingColumnError") and "column" in outcome.message
         data_problem = outcome.status == "failed" and (
-            outcome.stage == "load" or (outcome.stage == "build" and outcome.error_type in ("DatasetError", "MissingColumnError")
-                                        and "column" in outcome.message))
+            outcome.stage == "load" or (outcome.stage == "build" and column_problem))
         if flagged:
             assert outcome.status == "failed" and outcome.stage in ("load", "build"), (dataset_id, outcome)
             assert f"'{dataset_id}'" in report.dataset_problems[dataset_id]
