@@ -95,3 +95,22 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
         b = xr.open_datatree(tmp_path / "cli-results" / "fits" / f"{dataset_id}.nc")["posterior"].ds
         for name in a.data_vars:
             np.testing.assert_array_equal(a[name].values, b[name].values)
+
+
+def test_finishing_a_batch_never_changes_another(tmp_path):
+    """Cluster executors re-plan inside each job: a batch must keep its name and members."""
+    from batchfit.config import config_from_dict
+    from batchfit.pipeline import plan
+
+    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 7, prefix="shop")
+    config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
+                               "datasets": [str(tmp_path / "data" / "*.csv")], "batch_size": 3,
+                               "results_dir": str(tmp_path / "results")})
+    first = plan(config).batches
+    assert [len(members) for members in first.values()] == [3, 3, 1]
+    done_name, done = next(iter(first.items()))
+    for dataset_id in done:
+        config.fit_path(dataset_id).parent.mkdir(parents=True, exist_ok=True)
+        config.fit_path(dataset_id).write_bytes(b"")
+    second = plan(config).batches
+    assert second == {name: members for name, members in first.items() if name != done_name}

@@ -48,16 +48,23 @@ def is_pending(config: Config, dataset_id: str, data_path: Path | None = None) -
 
 
 def plan(config: Config) -> Plan:
-    """Group the pending datasets, in id order, into batches of ``batch_size``.
+    """Cut all datasets, in id order, into chunks of ``batch_size``; batch each chunk's pending ones.
 
-    Only pending datasets are batched, so adding a dataset to a finished sweep fits just that
-    one, and a re-run retries just the datasets that failed or whose data file changed.
+    Only pending datasets are fitted, so adding a dataset to a finished sweep fits just that one,
+    and a re-run retries just the datasets that failed or whose data file changed. Chunks are
+    cut from *all* datasets, not from the pending ones, so that finishing one batch never
+    changes another: cluster executors re-read the Snakefile inside every job, and a batch
+    must still exist, with the same members, when its job starts.
     """
     datasets = discover_datasets(config)
-    pending = [d for d, path in datasets.items() if is_pending(config, d, path)]
+    ids = list(datasets)
     size = config.batch_size
-    groups = [pending[i:i + size] for i in range(0, len(pending), size)]
-    return Plan(datasets, {batch_id(g): g for g in groups})
+    batches = {}
+    for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
+        pending = [d for d in chunk if is_pending(config, d, datasets[d])]
+        if pending:
+            batches[batch_id(pending)] = pending
+    return Plan(datasets, batches)
 
 
 def run_compile(config: Config) -> dict[str, Any]:
