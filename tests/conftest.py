@@ -17,6 +17,7 @@ SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", REPO / ".batchfit-cac
 SESSION_CACHE.mkdir(parents=True, exist_ok=True, mode=0o700)
 os.environ["BATCHFIT_TEST_CACHE"] = str(SESSION_CACHE)
 os.environ["PYTENSOR_FLAGS"] = f"base_compiledir={SESSION_CACHE / 'pytensor'}"
+os.environ["NUMBA_CACHE_DIR"] = str(SESSION_CACHE / "numba")
 
 NES_DIR = Path(os.environ.get("BATCHFIT_NES_DIR", REPO.parent / "shared" / "data" / "posteriordb-nes"))
 

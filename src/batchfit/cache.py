@@ -3,6 +3,7 @@
 Layout of ``cache_dir``::
 
     pytensor/                 PyTensor's base_compiledir; its numba cache is pytensor/numba/
+    numba/                    numba's cache of other ``cache=True`` functions (NUMBA_CACHE_DIR)
     batchfit/numba/           numba object code of batchfit's sampler wrappers (cfuncs)
     batchfit/entries/KEY.json one manifest per compiled model structure (content address KEY)
     batchfit/locks/KEY.lock   held by the one process that compiles KEY
@@ -109,6 +110,7 @@ def open_cache(root: str | Path, *, trust_shared: bool = False) -> CacheDir:
     for sub in (cache.pytensor_dir, cache.numba_dir, cache.entries_dir, cache.locks_dir):
         sub.mkdir(parents=True, exist_ok=True)
     configure_pytensor(cache.pytensor_dir)
+    configure_numba(cache.root / "numba")
     return cache
 
 
@@ -128,6 +130,15 @@ def configure_pytensor(compiledir: Path) -> None:
         numba_dir = compiledir / "numba"
         numba_dir.mkdir(parents=True, exist_ok=True)
         pytensor_numba_cache.NUMBA_CACHE_PATH = numba_dir
+
+
+def configure_numba(directory: Path) -> None:
+    """Send numba's own file cache (``cache=True`` functions outside PyTensor) into the cache too."""
+    os.environ["NUMBA_CACHE_DIR"] = str(directory)
+    if "numba" in sys.modules:  # numba read the variable at import; its locator reads this
+        import numba
+
+        numba.config.CACHE_DIR = str(directory)
 
 
 @contextlib.contextmanager

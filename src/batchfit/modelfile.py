@@ -169,8 +169,3 @@ def observed_and_constant_data(model: Any) -> tuple[dict[str, Any], dict[str, An
 def _dims(model: Any, name: str) -> tuple[str, ...] | None:
     dims = model.named_vars_to_dims.get(name)
     return tuple(dims) if dims else None
-
-
-def coords_of(model: Any) -> Mapping[str, Any]:
-    """The model's coordinate values (labels from the dataset)."""
-    return {name: vals for name, vals in model.coords.items() if vals is not None}
