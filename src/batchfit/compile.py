@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import subprocess
@@ -158,7 +159,9 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
     return "\n".join([*head, *reads, *tail]) + "\n"
 
 
+@functools.cache
 def _as_ptr_intrinsic() -> Any:
+    """A numba intrinsic turning an integer address into a void pointer (built once, lazily)."""
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
@@ -181,22 +184,17 @@ def _missing_inner(*args: Any) -> None:
     raise RuntimeError("batchfit callback was not found in the cache")
 
 
-_AS_PTR: list[Any] = []
-
-
 def _callback(spec: WrapperSpec, kind: str, key: str, cache: CacheDir, inner: Callable) -> Any:
     """Create the numba cfunc for one callback, loading it from the cache when present."""
     import numba
     from numba.core import types
 
-    if not _AS_PTR:
-        _AS_PTR.append(_as_ptr_intrinsic())
     source = wrapper_source(spec, kind)
     env: dict[str, Any] = {
         "__name__": __name__,
         "np": np,
         "carray": numba.carray,
-        "as_ptr": _AS_PTR[0],
+        "as_ptr": _as_ptr_intrinsic(),
         "inner": inner,
         **{f"{np.dtype(s.dtype).name}_": np.dtype(s.dtype) for s in spec.slots},
         "int64_": np.dtype("int64"),
