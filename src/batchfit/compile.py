@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import subprocess
@@ -343,8 +344,6 @@ class ModelSource:
 
 def sampler_key(model: Any) -> str:
     """Content address of a model's compiled callbacks."""
-    import hashlib
-
     parts = (model_fingerprint(model), environment_fingerprint(), f"wrapper-v{WRAPPER_VERSION}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 
