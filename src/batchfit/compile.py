@@ -51,6 +51,7 @@ from batchfit.cache import (
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.extras import warm_extras
 from batchfit.fingerprint import environment_fingerprint, model_fingerprint
+from batchfit.modelfile import swappable_inputs
 
 log = logging.getLogger("batchfit")
 
@@ -222,7 +223,6 @@ def _load_cfunc(py_func: Callable, sig: Any) -> Any:
     """
     from numba.core.ccallback import CFunc
     from numba.core.compiler_lock import global_compiler_lock
-
     from numba.core.runtime import nrt
 
     cfunc = CFunc(py_func, (sig.args, sig.return_type), {}, {})
@@ -521,12 +521,8 @@ class SamplerFunctions:
         import pytensor
         from pymc.initial_point import make_initial_point_fn
 
-        from pytensor.compile.sharedvalue import SharedVariable
-
         self.template = template
-        shared = dict.fromkeys(v for v in (*template.named_vars.values(), *template.dim_lengths.values())
-                               if isinstance(v, SharedVariable))
-        self.slots = [_slot_of(var, template) for var in shared]
+        self.slots = [_slot_of(var, template) for var in swappable_inputs(template)]
         self.free_names = [template.rvs_to_values[rv].name for rv in template.free_RVs]
         free_values = [template.rvs_to_values[rv] for rv in template.free_RVs]
         remaining = [v for v in template.unobserved_value_vars if v.name not in self.free_names]

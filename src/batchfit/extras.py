@@ -7,13 +7,13 @@ and no value from a previous dataset can linger.
 
 from __future__ import annotations
 
-from typing import Any
-
 import logging
+from typing import Any
 
 import numpy as np
 
 from batchfit.config import OutputSettings
+from batchfit.modelfile import swappable_inputs
 
 log = logging.getLogger("batchfit")
 
@@ -28,7 +28,7 @@ class ExtraGroups:
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
         self._predict = _predictive_function(template) if outputs.posterior_predictive else None
 
-    def compute(self, model: Any, tree: Any, compiled: Any, seed: int) -> dict[str, Any]:
+    def compute(self, model: Any, tree: Any, seed: int) -> dict[str, Any]:
         """Groups for one sampled dataset (whose values are loaded in the template)."""
         groups = {}
         posterior = tree["posterior"].ds
@@ -70,7 +70,6 @@ def _loglik_function(template: Any) -> tuple[Any, list[str]]:
     """Elementwise log density of each observed variable given constrained parameter values."""
     import pytensor
     from pymc.model.transform.conditioning import remove_value_transforms
-
     from pytensor.compile.sharedvalue import SharedVariable
 
     untransformed = remove_value_transforms(template)
@@ -90,15 +89,12 @@ def _loglik_function(template: Any) -> tuple[Any, list[str]]:
 def _predictive_function(template: Any) -> tuple[Any, list[str]]:
     """Draws of the observed variables given the posterior values of the free variables."""
     from pymc.sampling.forward import compile_forward_sampling_function
-    from pytensor.compile.sharedvalue import SharedVariable
 
-    frozen = {v for v in template.named_vars.values() if isinstance(v, SharedVariable)}
-    frozen |= {v for v in template.dim_lengths.values() if isinstance(v, SharedVariable)}
     fn, _ = compile_forward_sampling_function(
         outputs=list(template.observed_RVs),
         vars_in_trace=[*template.free_RVs, *template.deterministics],
         basic_rvs=template.basic_RVs,
-        freeze_vars=frozen,
+        freeze_vars=set(swappable_inputs(template)),
         random_seed=0,
     )
     return fn, [i.variable.name for i in fn.maker.inputs if not i.implicit]

@@ -155,7 +155,7 @@ class Fitter:
 
         observed, constant = observed_and_constant_data(model)
         groups = {"observed_data": _dataset(observed, model), "constant_data": _dataset(constant, model)}
-        groups.update(self.extras.compute(model, tree, self.compiled, seed))
+        groups.update(self.extras.compute(model, tree, seed))
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -82,6 +81,14 @@ def data_containers(model: Any) -> dict[str, Any]:
     from pytensor.compile.sharedvalue import SharedVariable
 
     return {name: var for name, var in model.named_vars.items() if isinstance(var, SharedVariable)}
+
+
+def swappable_inputs(model: Any) -> list[Any]:
+    """Every value batchfit swaps between datasets: ``pm.Data`` containers and shared dimension lengths."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    lengths = [v for v in model.dim_lengths.values() if isinstance(v, SharedVariable)]
+    return list(dict.fromkeys([*data_containers(model).values(), *lengths]))
 
 
 def requirements(model: Any) -> dict[str, DataRequirement]:
@@ -157,9 +164,9 @@ def observed_and_constant_data(model: Any) -> tuple[dict[str, Any], dict[str, An
     observed_values = {model.rvs_to_values[rv] for rv in model.observed_RVs}
     observed, constant = {}, {}
     for rv in model.observed_RVs:
-        observed[rv.name] = (_dims(model, rv.name), np.asarray(model.rvs_to_values[rv].eval()
-                                                              if not hasattr(model.rvs_to_values[rv], "get_value")
-                                                              else model.rvs_to_values[rv].get_value()))
+        value = model.rvs_to_values[rv]  # observed data: a pm.Data container or a constant
+        data = value.get_value() if hasattr(value, "get_value") else value.data
+        observed[rv.name] = (_dims(model, rv.name), np.asarray(data))
     for name, var in data_containers(model).items():
         if var not in observed_values:
             constant[name] = (_dims(model, name), np.asarray(var.get_value()))
