@@ -423,3 +423,18 @@ def test_log_likelihood_matches_scipy(batch10):
         # the check can tell draws apart: another draw's values do not match these parameters
         other = batch10["trees"][index]["log_likelihood"]["y_obs"][1 - chain, (draw + 1) % 100]
         assert not np.allclose(other, expected)
+
+
+@pytest.mark.parametrize("kind", ["shared", "integer shared", "constant"])
+def test_observed_data_group_reads_every_kind_of_observed_value(kind):
+    """Observed data may be pm.Data, integer pm.Data (PyMC casts it) or a plain array."""
+    import pymc as pm
+
+    from batchfit.modelfile import observed_and_constant_data
+
+    y = np.array([1, 2, 4]) if kind == "integer shared" else np.array([1.5, 2.0, 4.0])
+    with pm.Model() as model:
+        observed = pm.Data("y", y) if "shared" in kind else y
+        pm.Normal("y_obs", pm.Normal("mu"), 1.0, observed=observed)
+    observed_groups, _ = observed_and_constant_data(model)
+    np.testing.assert_array_equal(observed_groups["y_obs"][1], y)

@@ -164,13 +164,27 @@ def observed_and_constant_data(model: Any) -> tuple[dict[str, Any], dict[str, An
     observed_values = {model.rvs_to_values[rv] for rv in model.observed_RVs}
     observed, constant = {}, {}
     for rv in model.observed_RVs:
-        value = model.rvs_to_values[rv]  # observed data: a pm.Data container or a constant
-        data = value.get_value() if hasattr(value, "get_value") else value.data
-        observed[rv.name] = (_dims(model, rv.name), np.asarray(data))
+        observed[rv.name] = (_dims(model, rv.name), _observed_value(model.rvs_to_values[rv]))
     for name, var in data_containers(model).items():
         if var not in observed_values:
             constant[name] = (_dims(model, name), np.asarray(var.get_value()))
     return observed, constant
+
+
+def _observed_value(value: Any) -> np.ndarray:
+    """The observed array: a ``pm.Data`` container, a constant, or an expression of them.
+
+    PyMC casts integer data to the likelihood's float dtype, so an integer ``pm.Data`` column
+    arrives as an expression; it is evaluated with the Python linker so that no numba code
+    is compiled per dataset.
+    """
+    from pytensor.graph.basic import Constant
+
+    if hasattr(value, "get_value"):
+        return np.asarray(value.get_value())
+    if isinstance(value, Constant):
+        return np.asarray(value.data)
+    return np.asarray(value.eval(mode="FAST_COMPILE"))
 
 
 def _dims(model: Any, name: str) -> tuple[str, ...] | None:
