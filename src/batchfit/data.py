@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import xarray as xr
 
 from batchfit.config import Config
 from batchfit.errors import ConfigError, DatasetError
@@ -183,100 +181,10 @@ def load_dataset(dataset_id: str, path: Path) -> Dataset:
         ) from None
     if empty:
         raise DatasetError("the file is empty", dataset=dataset_id, path=path)
-    if suffix in _NETCDF:
-        arrays, coords = _read_netcdf(dataset_id, path)
-    else:
-        frame = _read_table(dataset_id, path, _TABULAR[suffix])
-        arrays, coords = _columns_to_arrays(frame)
+    from batchfit.readers import read_arrays  # pandas and xarray: only where files are read
+
+    arrays, coords = read_arrays(dataset_id, path, "NetCDF" if suffix in _NETCDF else _TABULAR[suffix])
     return Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords)
-
-
-def _read_table(dataset_id: str, path: Path, kind: str) -> pd.DataFrame:
-    """Parse a CSV or Parquet file that has at least one row; any problem is one DatasetError."""
-    try:
-        frame = pd.read_csv(path) if kind == "CSV" else pd.read_parquet(path)
-    # The readers raise many unrelated exception types for malformed input (pandas, pyarrow,
-    # codecs); all of them mean "this file cannot be read as <kind>".
-    except Exception as exc:  # noqa: BLE001
-        raise DatasetError(
-            f"cannot read the file as {kind}: {_one_line(exc)}", dataset=dataset_id, path=path
-        ) from None
-    if not isinstance(frame.index, pd.RangeIndex) or frame.index.name is not None:
-        frame = frame.reset_index()  # keep a meaningful Parquet index as a column
-    if frame.shape[1] == 0:
-        raise DatasetError("the file has no columns", dataset=dataset_id, path=path)
-    if frame.shape[0] == 0:
-        raise DatasetError("the file has a header but no data rows", dataset=dataset_id, path=path)
-    return frame
-
-
-def _read_netcdf(dataset_id: str, path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
-    """Each data variable becomes an array; each 1-D coordinate becomes a coords entry."""
-    try:
-        with xr.open_dataset(path, engine="h5netcdf") as ds:
-            ds.load()
-    # As for tables: malformed files raise assorted h5py/xarray/OS errors.
-    except Exception as exc:  # noqa: BLE001
-        raise DatasetError(
-            f"cannot read the file as NetCDF: {_one_line(exc)}", dataset=dataset_id, path=path
-        ) from None
-    if not ds.data_vars:
-        raise DatasetError("the file has no data variables", dataset=dataset_id, path=path)
-    arrays = {str(name): np.asarray(var.values) for name, var in ds.data_vars.items()}
-    coords: dict[str, tuple] = {}
-    for name, coord in ds.coords.items():
-        if coord.ndim == 1:
-            coords[str(name)] = tuple(coord.values.tolist())
-        else:
-            arrays[str(name)] = np.asarray(coord.values)
-    return arrays, coords
-
-
-def _columns_to_arrays(frame: pd.DataFrame) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
-    """Numeric columns become int64/float64 arrays; other columns become codes plus labels."""
-    arrays: dict[str, np.ndarray] = {}
-    coords: dict[str, tuple] = {}
-    for name, column in frame.items():
-        key = str(name)
-        if not _is_number(column):
-            arrays[key], coords[key] = _encode_labels(column)
-        elif not column.hasnans and _fits_int64(column):
-            arrays[key] = column.to_numpy(dtype=np.int64)  # bool and integer columns
-        else:
-            arrays[key] = column.to_numpy(dtype=np.float64, na_value=np.nan)
-    return arrays, coords
-
-
-def _is_number(column: pd.Series) -> bool:
-    """Bool, integer or real columns, including pandas' nullable Int64/Float64/boolean."""
-    types = pd.api.types
-    return (
-        types.is_numeric_dtype(column.dtype)
-        and not types.is_complex_dtype(column.dtype)
-        and not isinstance(column.dtype, pd.CategoricalDtype)
-    )
-
-
-def _fits_int64(column: pd.Series) -> bool:
-    """True for bool and integer columns whose values all fit in int64."""
-    if pd.api.types.is_bool_dtype(column.dtype):
-        return True
-    if not pd.api.types.is_integer_dtype(column.dtype):
-        return False
-    return (
-        pd.api.types.is_signed_integer_dtype(column.dtype)
-        or int(column.max()) <= np.iinfo(np.int64).max
-    )
-
-
-def _encode_labels(column: pd.Series) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Codes 0..K-1 into the sorted text labels; missing values get code -1."""
-    missing = column.isna().to_numpy()
-    text = column[~missing].astype(str).to_numpy(dtype=object)
-    present, labels = pd.factorize(text, sort=True)
-    codes = np.full(len(column), -1, dtype=np.int64)
-    codes[~missing] = present
-    return codes, tuple(str(label) for label in labels)
 
 
 def check_dataset(
@@ -381,7 +289,7 @@ def _range_problems(col: str, values: np.ndarray, dtype: np.dtype) -> Iterator[s
 
 def _text_problem(col: str, codes: np.ndarray, labels: tuple[str, ...]) -> str:
     """Message for a text column where the model needs numbers, quoting an offending label."""
-    for code in pd.unique(codes[codes >= 0]):
+    for code in np.unique(codes[codes >= 0]):
         if not _parses_as_number(labels[code]):
             return f"non-numeric values such as {labels[code]!r} in {col}, but the model needs numbers"
     example = f" (e.g. {labels[0]!r})" if labels else ""
@@ -417,9 +325,3 @@ def _bad_rows(col: str, mask: np.ndarray, what: str) -> str:
 def _names(arrays: Mapping[str, object]) -> str:
     """The quoted names of all arrays, for "available columns" lists."""
     return ", ".join(repr(n) for n in arrays) or "(none)"
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as a single line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
