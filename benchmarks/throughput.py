@@ -139,8 +139,19 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(HERE))
-    from common import (MODEL, PY, RESULTS, child_env, example_sampler, fresh_dir, load_average, machine_line,
-                        median, run_tracked, simulate)
+    from common import (
+        MODEL,
+        PY,
+        RESULTS,
+        child_env,
+        example_sampler,
+        fresh_dir,
+        load_average,
+        machine_line,
+        median,
+        run_tracked,
+        simulate,
+    )
 
     out = fresh_dir(RESULTS / "throughput")
     data = simulate(args.n, out / "data")

@@ -52,7 +52,8 @@ def run_script(script: str, *args: object, cache_dir: Path, timeout: float = 400
 
 def last_json(proc: subprocess.CompletedProcess) -> dict:
     """The JSON line a script printed last (its result)."""
-    assert proc.returncode == 0, f"exit code {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"exit code {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no result line in stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1])
@@ -112,7 +113,9 @@ def temporary_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and ".tmp" in p.name]
 
 
-def cli(*args: object, cwd: Path | None = None, cache_dir: Path | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+def cli(
+    *args: object, cwd: Path | None = None, cache_dir: Path | None = None, timeout: float = 400
+) -> subprocess.CompletedProcess:
     env = env_for(cache_dir) if cache_dir is not None else {**os.environ, **SUBPROCESS_ENV}
     return subprocess.run([str(BATCHFIT), *map(str, args)], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
@@ -408,7 +411,8 @@ def test_library_upgrade_changes_the_key(monkeypatch, session_cache, tmp_path):
     before_env, before_key = fp.environment_fingerprint(), sampler_key(model)
     real_version = fp.version
     for library in ("numba", "pytensor", "nutpie"):
-        monkeypatch.setattr(fp, "version", lambda name, lib=library: real_version(name) + (".post1" if name == lib else ""))
+        monkeypatch.setattr(
+            fp, "version", lambda name, lib=library: real_version(name) + (".post1" if name == lib else ""))
         fp.environment_fingerprint.cache_clear()
         try:
             assert fp.environment_fingerprint() != before_env, library
@@ -559,7 +563,8 @@ def test_opening_another_cache_moves_pytensor_numba_code_back(tmp_path, session_
     from batchfit.cache import open_cache
 
     open_cache(tmp_path / "other")
-    assert Path(pytensor_numba_cache.NUMBA_CACHE_PATH).resolve() == (tmp_path / "other" / "pytensor" / "numba").resolve()
+    numba_dir = (tmp_path / "other" / "pytensor" / "numba").resolve()
+    assert Path(pytensor_numba_cache.NUMBA_CACHE_PATH).resolve() == numba_dir
     open_cache(session_cache)
     assert Path(pytensor_numba_cache.NUMBA_CACHE_PATH).resolve() == (session_cache / "pytensor" / "numba").resolve()
 
