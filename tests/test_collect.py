@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 
 from batchfit import __version__
-from batchfit.atomic import atomic_path
+from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.collect import (
     FAILURE_COLUMNS,
     SUMMARY_COLUMNS,
@@ -338,3 +338,27 @@ def test_atomic_path_requires_the_block_to_write(tmp_path: Path) -> None:
         with atomic_path(tmp_path / "out.csv"):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_temporaries_of_the_given_files_only_are_removed(tmp_path: Path) -> None:
+    """What a SIGKILL mid-write leaves behind; a neighbour's (``a.b`` beside ``a``) is kept."""
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    names = {
+        "a": fits / ".a.4242.0123abcd.tmp.nc",
+        "a.b": fits / ".a.b.4242.89abcdef.tmp.nc",
+        "a json": fits / ".a.77.deadbeef.tmp.json",
+        "unrelated": fits / ".a.nc.swp",
+    }
+    for path in names.values():
+        path.write_text("half-written")
+    (fits / "a.nc").write_text("complete")
+
+    removed = remove_stale_temporaries([fits / "a.nc", tmp_path / "missing-dir" / "x.nc"])
+    assert removed == [names["a"]]
+    assert sorted(p.name for p in fits.iterdir()) == sorted(
+        ["a.nc", names["a.b"].name, names["a json"].name, names["unrelated"].name])
+    with pytest.raises(FileNotFoundError), atomic_path(fits / "a.b.nc") as tmp:
+        tmp.write_text("new")
+        # atomic_path's own temporaries match: hence only for the process that owns the file
+        assert sorted(remove_stale_temporaries([fits / "a.b.nc"])) == sorted([names["a.b"], tmp])

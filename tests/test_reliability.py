@@ -417,6 +417,7 @@ def test_killed_fit_job_leaves_nothing_half_written_and_a_rerun_gives_the_same_p
     [manifest] = manifests(project / "results").values()
     assert sorted(manifest["datasets"]) == [d for d in ids if d not in written]
     _assert_every_output_readable(project / "results")
+    assert not list(fits.glob(".*.tmp*")), "the re-run removes what the killed job left half-written"
 
     out, _ = reference.communicate(timeout=600)
     assert reference.returncode == 0, out

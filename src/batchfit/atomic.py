@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# The temporary name atomic_path gives a target: .{stem}.{pid}.{8 hex digits}.tmp{suffix}
+_TMP_NAME = re.compile(r"\.(?P<stem>.+)\.\d+\.[0-9a-f]{8}\.tmp(?P<suffix>(\.[^.]*)?)")
 
 
 @contextmanager
@@ -31,3 +36,24 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(paths: Iterable[str | Path]) -> list[Path]:
+    """Delete the temporary files `atomic_path` left beside `paths` when its process was killed.
+
+    Only for a caller that owns `paths` (no other process may be writing them): a fit job owns
+    the fit and failure files of its batch's datasets. Each directory is listed once, however
+    many paths it holds. Returns the files removed.
+    """
+    wanted: dict[Path, set[tuple[str, str]]] = {}
+    for path in map(Path, paths):
+        wanted.setdefault(path.parent, set()).add((path.stem, path.suffix))
+    removed = []
+    for directory, targets in wanted.items():
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            for entry in entries:
+                match = _TMP_NAME.fullmatch(entry.name)
+                if match and (match["stem"], match["suffix"]) in targets:
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed.append(Path(entry.path))
+    return removed

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from batchfit import __version__
-from batchfit.atomic import atomic_path
+from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
 from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.config import Config
@@ -209,6 +209,9 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     """
     cache, paths, ref, compiled = prepare(config)
     fitter = Fitter(config, ref, compiled)
+    stale = remove_stale_temporaries(path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
+    if stale:
+        log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     report = BatchReport(batch_id, compiled.report.line())
     try:
         for dataset_id in dataset_ids:
