@@ -23,8 +23,6 @@ from batchfit.collect import (
 )
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError, DatasetError
-from batchfit.summary import GROUP as SUMMARY_GROUP
-from batchfit.summary import summarise_posterior, summary_group
 
 CHAINS, DRAWS = 2, 50
 
@@ -288,21 +286,6 @@ def test_dataset_health(sweep: Config) -> None:
     assert stuck["status"] == "warning" and stuck["reasons"][0].startswith("max r_hat")
     low_ess = dataset_health(sweep.fit_path("store_01"), Health(min_ess_bulk=1e6))
     assert low_ess["status"] == "warning" and low_ess["reasons"][0].startswith("min ess_bulk")
-
-
-def test_summary_stored_in_the_fit_is_used_instead_of_recomputed(tmp_path: Path) -> None:
-    """Fit jobs store each dataset's summary; collect reads it (fake fits above have none)."""
-    config = sweep_config(tmp_path / "results")
-    path = write_fit(config, "store_01", 3, seed=1)
-    with xr.open_dataset(path, group="posterior", engine="h5netcdf") as ds:
-        table = summarise_posterior(ds.load(), "store_01", path)
-    stored = table.assign(mean=table["mean"] + 1000.0)  # no recomputation could give these
-    summary_group(stored).to_netcdf(path, mode="a", group=SUMMARY_GROUP, engine="h5netcdf")
-
-    collect(config, ["store_01"])
-    rows = pd.read_csv(config.summary_path).set_index("parameter")
-    pd.testing.assert_frame_equal(rows[table.columns], stored, check_names=False)
-    assert dataset_health(path, Health())["max_r_hat"] == pytest.approx(table["r_hat"].max())
 
 
 def test_atomic_path_replaces_on_success(tmp_path: Path) -> None:

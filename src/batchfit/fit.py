@@ -36,8 +36,6 @@ from batchfit.modelfile import (
     observed_and_constant_data,
     requirements,
 )
-from batchfit.summary import GROUP as SUMMARY_GROUP
-from batchfit.summary import summarise_posterior, summary_group
 
 log = logging.getLogger("batchfit")
 
@@ -132,10 +130,9 @@ class Fitter:
         dataset = dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
         model = build_model(self.module, dataset)
         if not self.compiled.matches(model):
-            difference = describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)
             raise ModelContractError(
                 f"the model built for dataset '{dataset.id}' ({dataset.path}) does not have the same "
-                f"structure as the one compiled: {difference}"
+                f"structure as the one compiled: {describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)}"
             )
         return model
 
@@ -159,7 +156,6 @@ class Fitter:
         observed, constant = observed_and_constant_data(model)
         groups = {"observed_data": _dataset(observed, model), "constant_data": _dataset(constant, model)}
         groups.update(self.extras.compute(model, tree, seed))
-        groups[SUMMARY_GROUP] = summary_group(summarise_posterior(tree["posterior"].ds, dataset.id, dataset.path))
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({
