@@ -222,7 +222,8 @@ def remove_entry(cache: CacheDir, key: str) -> None:
 
 def record_event(cache: CacheDir, event: str, key: str, seconds: float, saved: float = 0.0) -> None:
     """Append one hit/miss line to the statistics log (a short O_APPEND write is atomic)."""
-    line = json.dumps({"t": time.time(), "event": event, "key": key, "seconds": round(seconds, 4), "saved": round(saved, 4)})
+    line = json.dumps({"t": time.time(), "event": event, "key": key,
+                       "seconds": round(seconds, 4), "saved": round(saved, 4)})
     with contextlib.suppress(OSError):
         with open(cache.stats_path, "a") as fh:
             fh.write(line + "\n")

@@ -439,7 +439,8 @@ def nutpie_dims_and_coords(model: Any, names: Sequence[str], shapes: Sequence[tu
     shape_of = dict(zip(names, shapes, strict=True))
     for rv in model.free_RVs:
         value_name = model.rvs_to_values[rv].name
-        if value_name in functions.reparameterized and rv.name in dims and shape_of.get(rv.name) == shape_of.get(value_name):
+        same_shape = shape_of.get(rv.name) == shape_of.get(value_name)
+        if value_name in functions.reparameterized and rv.name in dims and same_shape:
             dims[value_name] = dims[rv.name]
     return dims, coords
 

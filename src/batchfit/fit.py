@@ -130,9 +130,10 @@ class Fitter:
         dataset = dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
         model = build_model(self.module, dataset)
         if not self.compiled.matches(model):
+            difference = describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)
             raise ModelContractError(
                 f"the model built for dataset '{dataset.id}' ({dataset.path}) does not have the same "
-                f"structure as the one compiled: {describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)}"
+                f"structure as the one compiled: {difference}"
             )
         return model
 
@@ -205,7 +206,8 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     """
     cache, paths, ref, compiled = prepare(config)
     fitter = Fitter(config, ref, compiled)
-    stale = remove_stale_temporaries(path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
+    owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
+    stale = remove_stale_temporaries(owned)
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     report = BatchReport(batch_id, compiled.report.line())

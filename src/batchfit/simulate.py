@@ -11,7 +11,9 @@ from batchfit.errors import ModelContractError
 from batchfit.modelfile import load_model_file
 
 
-def simulate_datasets(model_file: Path, out_dir: Path, n: int, *, seed: int = 2026, prefix: str = "dataset") -> list[Path]:
+def simulate_datasets(
+    model_file: Path, out_dir: Path, n: int, *, seed: int = 2026, prefix: str = "dataset"
+) -> list[Path]:
     """Write ``n`` CSV datasets ``{prefix}_{i:03d}.csv``; dataset i depends only on (seed, i)."""
     module = load_model_file(model_file)
     simulate = getattr(module, "simulate", None)
