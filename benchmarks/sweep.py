@@ -19,6 +19,8 @@ every fit written as a NetCDF file, 2 cores for everyone:
    as naive. Its ``nutpie.sample`` time alone is the "pure sampling" reference.
 3. batchfit cold: ``snakemake --cores 2 --configfile <generated>`` on an empty cache directory.
 4. batchfit warm: the same again after deleting the results but keeping the cache.
+   For N > 20 also warm with ``batch_size`` N/2 (one fit job per core) beside the default 10,
+   to show what larger batches save.
 
 Also the fixed-cost floor of any Snakemake sweep whose jobs sample with nutpie: Snakemake's
 start-up (a dry run of the finished sweep) plus one process importing pymc and nutpie (median of
@@ -266,23 +268,28 @@ def main() -> None:
     # 3./4. batchfit via snakemake ---------------------------------------------------------------
     bf = root / "batchfit"
     cache, work, res_dir = fresh_dir(bf / "cache"), fresh_dir(bf / "work"), bf / "results"
-    config_path = bf / "config.yaml"
-    config_path.write_text(yaml.safe_dump({
-        "model": str(MODEL), "datasets": [str(root / "data" / "*.csv")], "sampler": sampler,
-        "batch_size": 10, "cache_dir": str(cache), "results_dir": str(res_dir),
-    }, sort_keys=False))
-    cmd = [Path(PY).parent / "snakemake", "-s", REPO / "Snakefile", "-d", work, "--cores", "2",
-           "--configfile", config_path, "--quiet", "all"]
-
     from batchfit.config import load_config
     from batchfit.pipeline import compile_stamp_path
 
-    stamp_path = compile_stamp_path(load_config(config_path))
-    for label in ("batchfit cold", "batchfit warm"):
+    def snakemake_cmd(batch_size: int) -> tuple[Path, list]:
+        config_path = bf / f"config-batch{batch_size}.yaml"
+        config_path.write_text(yaml.safe_dump({
+            "model": str(MODEL), "datasets": [str(root / "data" / "*.csv")], "sampler": sampler,
+            "batch_size": batch_size, "cache_dir": str(cache), "results_dir": str(res_dir),
+        }, sort_keys=False))
+        return config_path, [Path(PY).parent / "snakemake", "-s", REPO / "Snakefile", "-d", work, "--cores", "2",
+                             "--configfile", config_path, "--quiet", "all"]
+
+    stamp_path = compile_stamp_path(load_config(snakemake_cmd(10)[0]))
+    runs = [("batchfit cold", 10, "empty cache"), ("batchfit warm", 10, "results deleted, cache kept")]
+    half = -(-args.n // 2)
+    if half > 10:  # not one of the four methods: how much a larger batch_size saves (one job per core)
+        runs.append((f"batchfit warm, batch_size {half}", half, "results deleted, cache kept"))
+    for label, batch_size, state in runs:
         shutil.rmtree(res_dir, ignore_errors=True)
-        state = "empty cache" if label.endswith("cold") else "results deleted, cache kept"
         phase(f"{label}: snakemake --cores 2 ({state})")
         before = stamp_path.stat().st_mtime_ns if stamp_path.exists() else None
+        _, cmd = snakemake_cmd(batch_size)
         r = run_tracked(cmd, env=child_env(), cwd=REPO).check()
         stamp = json.loads(stamp_path.read_text())
         if stamp_path.stat().st_mtime_ns == before:  # the cache was filled: no compile job ran
@@ -297,10 +304,10 @@ def main() -> None:
         results[label] = {
             "total_wall_s": r.wall, "median_dataset_s": median(per), "compile_s": compile_s,
             "peak_rss_mib": mib(r.peak_rss_largest), "median_sample_s": float("nan"),
-            "note": f"{len(manifests)} fit jobs of <=10 datasets; {stamp['line']}; "
+            "note": f"{len(manifests)} fit jobs of <={batch_size} datasets; {stamp['line']}; "
                     f"cache loads in fit jobs {sum(loads):.2f} s",
         }
-        keep = bf / f"{label.split()[1]}-{check_id}.nc"
+        keep = bf / f"{label.replace(' ', '_').replace(',', '')}-{check_id}.nc"
         shutil.copy(res_dir / "fits" / f"{check_id}.nc", keep)
         fit_of[label] = keep
 
@@ -358,6 +365,9 @@ def main() -> None:
     print(f"\nnaive / batchfit warm (total wall): {naive_ratio:.1f}x (goal >= 10: {goal(naive_ratio >= 10)})")
     print(f"batchfit warm / pure sampling (total wall / sum of nutpie.sample): {pure_ratio:.1f} "
           f"(goal <= 3: {goal(pure_ratio <= 3)}); per-dataset medians: {pure_ratio_median:.2f}")
+    for method, row in results.items():
+        if method.startswith("batchfit warm, "):
+            print(f"{method} / pure sampling: {row['total_wall_s'] / pure_total:.1f}")
     floor_total = sum(floor.values())
     print(f"fixed-cost floor: {' + '.join(f'{k} {v:.2f} s' for k, v in floor.items())} = {floor_total:.2f} s; "
           f"floor + pure sampling = {(floor_total + pure_total) / pure_total:.1f} x pure sampling; "
@@ -382,7 +392,8 @@ def plot(results: dict, pure_total: float, pure_median: float, path: Path, n: in
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, values, title in ((axes[0], totals, f"total wall time, {n} datasets (s)"),
                               (axes[1], medians, "median wall time per dataset (s)")):
-        bars = ax.bar(range(len(values)), values, color=["#b0b0b0", "#8fb3d9", "#f0a35e", "#d9534f", "#5cb85c"])
+        colors = ["#b0b0b0", "#8fb3d9", "#f0a35e", *["#d9534f"] * (len(values) - 4), "#5cb85c"]
+        bars = ax.bar(range(len(values)), values, color=colors)
         ax.set_xticks(range(len(values)), [label.replace(" ", "\n", 1) for label in labels], fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.bar_label(bars, fmt="%.1f", fontsize=8)

@@ -425,16 +425,26 @@ def test_log_likelihood_matches_scipy(batch10):
         assert not np.allclose(other, expected)
 
 
-@pytest.mark.parametrize("kind", ["shared", "integer shared", "constant"])
-def test_observed_data_group_reads_every_kind_of_observed_value(kind):
-    """Observed data may be pm.Data, integer pm.Data (PyMC casts it) or a plain array."""
+@pytest.mark.parametrize("kind", ["shared", "integer shared", "constant", "expression"])
+def test_observed_data_group_reads_every_kind_of_observed_value(kind, monkeypatch):
+    """Observed data may be pm.Data, integer pm.Data (PyMC casts it), a plain array or an expression.
+
+    Only a general expression is evaluated (compiling a small Python-linker function); the
+    others are read without compiling anything per dataset.
+    """
     import pymc as pm
+    from pytensor.graph.basic import Variable
 
     from batchfit.modelfile import observed_and_constant_data
 
     y = np.array([1, 2, 4]) if kind == "integer shared" else np.array([1.5, 2.0, 4.0])
     with pm.Model() as model:
-        observed = pm.Data("y", y) if "shared" in kind else y
+        observed = {"shared": lambda: pm.Data("y", y), "integer shared": lambda: pm.Data("y", y),
+                    "constant": lambda: y, "expression": lambda: pm.Data("y", y / 2.0) * 2.0}[kind]()
         pm.Normal("y_obs", pm.Normal("mu"), 1.0, observed=observed)
+    evaluated = []
+    real_eval = Variable.eval
+    monkeypatch.setattr(Variable, "eval", lambda self, *a, **k: evaluated.append(self) or real_eval(self, *a, **k))
     observed_groups, _ = observed_and_constant_data(model)
     np.testing.assert_array_equal(observed_groups["y_obs"][1], y)
+    assert len(evaluated) == (kind == "expression")

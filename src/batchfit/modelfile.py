@@ -175,15 +175,20 @@ def _observed_value(value: Any) -> np.ndarray:
     """The observed array: a ``pm.Data`` container, a constant, or an expression of them.
 
     PyMC casts integer data to the likelihood's float dtype, so an integer ``pm.Data`` column
-    arrives as an expression; it is evaluated with the Python linker so that no numba code
-    is compiled per dataset.
+    arrives as a cast, read here without compiling anything. Any other expression is
+    evaluated with the Python linker (a PyTensor function per dataset, but no numba code).
     """
     from pytensor.graph.basic import Constant
+    from pytensor.scalar import Cast
+    from pytensor.tensor.elemwise import Elemwise
 
     if hasattr(value, "get_value"):
         return np.asarray(value.get_value())
     if isinstance(value, Constant):
         return np.asarray(value.data)
+    op = value.owner.op if value.owner else None
+    if isinstance(op, Elemwise) and isinstance(op.scalar_op, Cast) and hasattr(value.owner.inputs[0], "get_value"):
+        return np.asarray(value.owner.inputs[0].get_value(), dtype=value.dtype)
     return np.asarray(value.eval(mode="FAST_COMPILE"))
 
 
