@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,15 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
     assert {k: after[k] for k in before} == before  # nothing refitted
     assert "shop_003.nc" in after
     assert len(xr.open_datatree(results / "posteriors.nc").children) == 4
+
+    # Another config file for the same model (here a renamed copy) reuses the compile stamp:
+    # Snakemake plans fits for its own results_dir, but no compile job.
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(yaml.safe_dump(yaml.safe_load(config.read_text()) | {"results_dir": "renamed-results"}))
+    dry = snakemake(tmp_path, renamed, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    planned = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout + dry.stderr, re.M))
+    assert planned.get("fit") == "2" and "compile" not in planned, planned
 
     # The command line runs the same library functions: the same draws, bit for bit.
     cli_config = yaml.safe_load(config.read_text()) | {"results_dir": "cli-results"}

@@ -1,11 +1,13 @@
 rule compile:
-    """Compile the model once into the shared cache (fit jobs then only load it)."""
+    """Compile the model once into the shared cache (fit jobs then only load it).
+
+    No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
+    whatever its config file is called (the Snakefile has already validated the config).
+    """
     input:
         model=str(BF.model),
     output:
         COMPILED,
-    params:
-        config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "compile.log",
     resources:
