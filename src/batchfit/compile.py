@@ -50,12 +50,11 @@ from batchfit.cache import (
 )
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.extras import warm_extras
-from batchfit.fingerprint import environment_fingerprint, model_fingerprint
+from batchfit.fingerprint import environment_fingerprint, graph_fingerprint, model_fingerprint
 from batchfit.modelfile import swappable_inputs
 
 log = logging.getLogger("batchfit")
 
-WRAPPER_VERSION = 2
 HEADER = 2  # record[0] = number of parameters, record[1] = number of expanded values
 
 
@@ -265,57 +264,112 @@ def slot_variable(slot: Slot, model: Any) -> Any:
         ) from None
 
 
-def sampler_graphs(model: Any) -> tuple[list[Any], list[Any], list[Any]]:
-    """Graphs of nutpie's two callbacks with every parameter size a runtime input.
+@dataclass(frozen=True, eq=False)
+class SamplerGraphs:
+    """The graphs batchfit compiles for a model, and the callback spec they imply.
 
-    The free parameters arrive as one flat vector; each is cut out and reshaped with a shape
-    vector that is an *input* (one per parameter, filled in from the record), so a dataset with
-    more groups needs no new compile. Returns (inputs, [logp, gradient], [expanded vector]).
+    Built before compiling, so that the cache key covers exactly what is compiled: the log
+    density, the expansion and the generated callback source. The gradient is derived from the
+    log density by PyTensor (whose version is in the key), so it is built only for compiling.
     """
-    import pytensor.tensor as pt
-    from pytensor.graph.replace import clone_replace
 
-    flat = pt.dvector("__batchfit_flat")
-    values = [model.rvs_to_values[rv] for rv in model.free_RVs]
-    shapes = [pt.lvector(f"__batchfit_shape_{v.name}", shape=(v.type.ndim,)) for v in values]
-    sizes = [pt.prod(s, dtype="int64") for s in shapes]
-    ends = pt.cumsum(pt.stack(sizes)) if sizes else []
-    cuts = {}
-    for i, (value, shape) in enumerate(zip(values, shapes, strict=True)):
-        start = ends[i - 1] if i else 0
-        cuts[value] = flat[start:ends[i]].reshape(shape, ndim=value.type.ndim).astype(value.type.dtype)
-    logp = model.logp()
-    grads = pt.grad(logp, values) if values else []
-    grad = pt.concatenate([g.ravel() for g in grads]) if grads else pt.zeros((0,))
-    remaining = [v for v in model.unobserved_value_vars if v not in values]
-    expanded = pt.concatenate([*(v.ravel() for v in values),
-                               *(pt.as_tensor(v, allow_xtensor_conversion=True).ravel() for v in remaining)])
-    logp, grad, expanded = clone_replace([logp, grad, expanded], cuts)
-    return [flat, *shapes], [logp, grad.astype("float64")], [expanded.astype("float64")]
+    inputs: tuple[Any, ...]
+    logp: Any
+    expanded: Any
+    spec: WrapperSpec
+    _model_logp: Any
+    _values: tuple[Any, ...]
+    _cuts: dict[Any, Any]
+
+    @classmethod
+    def of(cls, model: Any) -> SamplerGraphs:
+        """Graphs of nutpie's two callbacks with every parameter size a runtime input.
+
+        The free parameters arrive as one flat vector; each is cut out and reshaped with a shape
+        vector that is an *input* (one per parameter, filled in from the record), so a dataset
+        with more groups needs no new compile.
+        """
+        import pytensor.tensor as pt
+        from pytensor.graph.replace import clone_replace
+
+        flat = pt.dvector("__batchfit_flat")
+        values = tuple(model.rvs_to_values[rv] for rv in model.free_RVs)
+        shapes = [pt.lvector(f"__batchfit_shape_{v.name}", shape=(v.type.ndim,)) for v in values]
+        sizes = [pt.prod(s, dtype="int64") for s in shapes]
+        ends = pt.cumsum(pt.stack(sizes)) if sizes else []
+        cuts = {}
+        for i, (value, shape) in enumerate(zip(values, shapes, strict=True)):
+            start = ends[i - 1] if i else 0
+            cuts[value] = flat[start:ends[i]].reshape(shape, ndim=value.type.ndim).astype(value.type.dtype)
+        model_logp = model.logp()
+        remaining = [v for v in model.unobserved_value_vars if v not in values]
+        expanded = pt.concatenate([*(v.ravel() for v in values),
+                                   *(pt.as_tensor(v, allow_xtensor_conversion=True).ravel() for v in remaining)])
+        logp, expanded = clone_replace([model_logp, expanded.astype("float64")], cuts)
+        inputs = (flat, *shapes)
+        shape_slots = tuple(Slot("shape", v.name, 1, "int64") for v in values)
+        spec = WrapperSpec(
+            logp=(*shape_slots, *(_slot_of(v, model) for v in _shared_inputs(inputs, [logp]))),
+            expand=(*shape_slots, *(_slot_of(v, model) for v in _shared_inputs(inputs, [expanded]))),
+        )
+        return cls(inputs, logp, expanded, spec, model_logp, values, cuts)
+
+    def logp_and_gradient(self) -> list[Any]:
+        """The logp callback's outputs: the log density and its gradient as one flat vector."""
+        import pytensor.tensor as pt
+        from pytensor.graph.replace import clone_replace
+
+        grads = pt.grad(self._model_logp, list(self._values)) if self._values else []
+        grad = pt.concatenate([g.ravel() for g in grads]) if grads else pt.zeros((0,))
+        (grad,) = clone_replace([grad.astype("float64")], self._cuts)
+        return [self.logp, grad]
+
+    def fingerprint(self) -> str:
+        """Content address of the compiled graphs and of the callback source generated for them."""
+        parts = [graph_fingerprint([self.logp, self.expanded], self.inputs),
+                 wrapper_source(self.spec, "logp"), wrapper_source(self.spec, "expand")]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def compile_sampler_functions(model: Any) -> tuple[WrapperSpec, Any, Any]:
+def _shared_inputs(inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
+    """The shared variables a compiled function of ``outputs`` reads, in its argument order.
+
+    PyTensor's ``pytensor.function`` collects them with ``rebuild_collect_shared`` (public in
+    ``pytensor.compile.rebuild``), so the callbacks' argument order is known before compiling;
+    ``compile_sampler_functions`` checks it against the compiled functions.
+    """
+    from pytensor.compile.rebuild import rebuild_collect_shared
+
+    _, _, (_, _, _, shared) = rebuild_collect_shared(list(outputs), list(inputs), copy_inputs_over=True)
+    return shared
+
+
+def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None) -> tuple[WrapperSpec, Any, Any]:
     """Compile both callbacks' graphs with PyTensor's numba backend; the spec lists their inputs."""
     from pymc.pytensorf import compile as compile_pymc
 
     import batchfit.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
-    inputs, logp_outs, expand_outs = sampler_graphs(model)
+    graphs = graphs or SamplerGraphs.of(model)
     with model:
-        logp_fn = compile_pymc(inputs, logp_outs, mode="NUMBA", on_unused_input="ignore")
-        expand_fn = compile_pymc(inputs, expand_outs, mode="NUMBA", on_unused_input="ignore")
-    shape_slots = tuple(Slot("shape", v.name, 1, "int64") for v in (model.rvs_to_values[rv] for rv in model.free_RVs))
-    spec = WrapperSpec(
-        logp=(*shape_slots, *(_slot_of(v, model) for v in logp_fn.get_shared())),
-        expand=(*shape_slots, *(_slot_of(v, model) for v in expand_fn.get_shared())),
+        logp_fn = compile_pymc(list(graphs.inputs), graphs.logp_and_gradient(), mode="NUMBA",
+                               on_unused_input="ignore")
+        expand_fn = compile_pymc(list(graphs.inputs), [graphs.expanded], mode="NUMBA", on_unused_input="ignore")
+    n_shapes = len(model.free_RVs)
+    compiled = WrapperSpec(
+        logp=(*graphs.spec.logp[:n_shapes], *(_slot_of(v, model) for v in logp_fn.get_shared())),
+        expand=(*graphs.spec.expand[:n_shapes], *(_slot_of(v, model) for v in expand_fn.get_shared())),
     )
-    return spec, logp_fn, expand_fn
+    if compiled != graphs.spec:  # the key covered the predicted callback source: it must be the real one
+        raise BatchfitError(f"PyTensor ordered the compiled functions' data inputs unexpectedly: "
+                            f"{compiled} != {graphs.spec}")
+    return graphs.spec, logp_fn, expand_fn
 
 
-def build_entry(model: Any, cache: CacheDir, key: str) -> float:
+def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs | None = None) -> float:
     """Compile the callbacks for ``model`` into the cache under ``key``; return compile seconds."""
     start = time.perf_counter()
-    spec, logp_fn, expand_fn = compile_sampler_functions(model)
+    spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind, fn in (("logp", logp_fn), ("expand", expand_fn)):
@@ -329,7 +383,7 @@ def build_entry(model: Any, cache: CacheDir, key: str) -> float:
     SamplerFunctions(model).shapes()
     warm_extras(model)
     seconds = time.perf_counter() - start
-    write_entry(cache, key, {"spec": spec.to_json(), "compile_seconds": seconds, "wrapper_version": WRAPPER_VERSION})
+    write_entry(cache, key, {"spec": spec.to_json(), "compile_seconds": seconds})
     return seconds
 
 
@@ -342,9 +396,15 @@ class ModelSource:
     dataset_path: Path
 
 
-def sampler_key(model: Any) -> str:
-    """Content address of a model's compiled callbacks."""
-    parts = (model_fingerprint(model), environment_fingerprint(), f"wrapper-v{WRAPPER_VERSION}")
+def sampler_key(model: Any, graphs: SamplerGraphs | None = None) -> str:
+    """Content address of a model's compiled callbacks.
+
+    It covers the generative graph (the posterior predictive and initial points are compiled
+    from it), the graphs compiled into the callbacks with their generated source, and the
+    environment (library versions, flags, CPU, batchfit's code).
+    """
+    graphs = graphs or SamplerGraphs.of(model)
+    parts = (model_fingerprint(model), graphs.fingerprint(), environment_fingerprint())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 
 
@@ -467,7 +527,8 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
     this process. Concurrent callers wait on a per-key lock so only one of them compiles.
     """
     start = time.perf_counter()
-    key = sampler_key(model)
+    graphs = SamplerGraphs.of(model)
+    key = sampler_key(model, graphs)
     loaded = _load_checked(cache, key)
     hit = loaded is not None
     if loaded is None:
@@ -476,7 +537,7 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
             hit = loaded is not None
             if loaded is None:
                 if source is None:
-                    build_entry(model, cache, key)
+                    build_entry(model, cache, key, graphs)
                 else:
                     _build_in_child(source, cache, key)
                 loaded = _load_checked(cache, key)
@@ -597,12 +658,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
     model = build_model(load_model_file(Path(args.model_file)), load_dataset(args.dataset_id, Path(args.dataset_path)))
-    key = sampler_key(model)
+    graphs = SamplerGraphs.of(model)
+    key = sampler_key(model, graphs)
     if key != args.key:
         print(f"the model built from {args.model_file} differs between processes (key {key[:12]} "
               f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
         return 2
-    seconds = build_entry(model, cache, key)
+    seconds = build_entry(model, cache, key, graphs)
     print(json.dumps({"key": key, "compile_seconds": seconds}))
     return 0
 

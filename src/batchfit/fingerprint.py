@@ -1,10 +1,16 @@
-"""Content addresses for compiled code: a model's graph structure plus the compiling environment.
+"""Content addresses for compiled code: a model's graphs plus the compiling environment.
 
-Two models get the same key exactly when their generative graphs have the same operations,
-constants, transforms and data types (ranks and dtypes of every ``pm.Data``), compiled by the
-same library versions, PyTensor flags and CPU. Data *values* and lengths are not part of the
-key: they are runtime inputs of the compiled functions, which is what lets one compile serve
-every dataset.
+A cache key (``batchfit.compile.sampler_key``) combines
+
+* the model's generative graph (:func:`model_fingerprint`: operations, constants, transforms,
+  the ranks and dtypes of every ``pm.Data``, and the log densities registered by dispatch for
+  ops such as ``pm.CustomDist``, which the graph itself does not show);
+* the graphs that are actually compiled (log density and expansion, see :func:`graph_fingerprint`);
+* the environment (:func:`environment_fingerprint`): library versions, PyTensor flags, CPU target
+  and a digest of batchfit's own source code (:func:`code_digest`), which generates the callbacks.
+
+Data *values* and lengths are not part of it: they are runtime inputs of the compiled
+functions, which is what lets one compile serve every dataset.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import functools
 import hashlib
 import platform
 import sys
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +48,7 @@ def environment_fingerprint() -> str:
     }
     parts = {
         "batchfit": __version__,
+        "batchfit_code": code_digest(),
         "python": sys.version,
         "machine": platform.machine(),
         "libraries": {name: version(name) for name in LIBRARIES},
@@ -49,10 +58,28 @@ def environment_fingerprint() -> str:
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
 
 
+@functools.cache
+def code_digest() -> str:
+    """sha256 of batchfit's own Python sources.
+
+    batchfit generates the sampler callbacks and builds the graphs it compiles, so any change to
+    its code may change compiled code; ``__version__`` alone is not bumped on every change.
+    """
+    return sources_digest(Path(__file__).parent)
+
+
+def sources_digest(package: Path) -> str:
+    """sha256 over the names and contents of every Python file under ``package``."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def describe(value: Any) -> str:
     """A stable text description of an op property, type or constant (no memory addresses)."""
     from pytensor.graph.basic import Variable
-    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.fg import AbstractFunctionGraph
     from pytensor.graph.op import Op
     from pytensor.graph.type import Type
 
@@ -72,28 +99,95 @@ def describe(value: Any) -> str:
         return describe_op(value)
     if isinstance(value, Type):
         return f"{type(value).__qualname__}:{value}"
-    if isinstance(value, FunctionGraph):
+    if isinstance(value, AbstractFunctionGraph):  # inner graphs, mutable or frozen (interned)
         return graph_fingerprint(value.outputs, value.inputs)
     if isinstance(value, Variable):
         return graph_fingerprint([value])
     if isinstance(value, (slice, range)):
         return repr(value)
+    if isinstance(value, types.FunctionType):
+        return describe_function(value)
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
     state = getattr(value, "__dict__", None)
-    if state is not None:  # public state only: private attributes hold lazily filled caches
-        public = {k: v for k, v in state.items() if not k.startswith("_")}
-        return f"{type(value).__module__}.{type(value).__qualname__}{describe(public)}"
+    if state is not None:
+        return f"{type(value).__module__}.{type(value).__qualname__}{describe(_public_state(state))}"
     return f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
 
 
+def _public_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """An object's attributes that describe it.
+
+    Private attributes hold lazily filled caches, and ``tag`` holds annotations that compiling
+    adds to graph nodes (``tag.imported_by``): PyTensor interns inner-graph nodes across models,
+    so reading either would make the key depend on what the process compiled before.
+    """
+    return {k: v for k, v in state.items() if not k.startswith("_") and k != "tag"}
+
+
+def describe_function(func: types.FunctionType) -> str:
+    """A Python function by what it computes: its code, defaults and closure values.
+
+    A name is not enough: ``pm.CustomDist(logp=lambda v, mu: ...)`` registers a closure whose
+    code and captured values define the log density, and two model files (or two datasets whose
+    ``build_model`` captures a value from the data) can hold lambdas of the same name.
+    Plain functions of installed libraries are described by name (their versions are in the
+    key); their closures are not, since PyMC wraps the user's function in one.
+    """
+    name = f"{func.__module__}.{func.__qualname__}"
+    if (func.__closure__ is None and not _is_user_code(func)) or func in _OPEN_FUNCTIONS:
+        return name  # the second case: a closure that refers to itself
+    _OPEN_FUNCTIONS.add(func)
+    try:
+        cells = tuple(cell.cell_contents for cell in func.__closure__ or () if _cell_is_set(cell))
+        return f"{name}[{_describe_code(func.__code__)}|{describe(func.__defaults__)}|{describe(cells)}]"
+    finally:
+        _OPEN_FUNCTIONS.discard(func)
+
+
+_OPEN_FUNCTIONS: set[types.FunctionType] = set()
+
+
+def _is_user_code(func: types.FunctionType) -> bool:
+    """A function defined in a model file or another place no library version pins."""
+    from batchfit.compat import library_roots
+
+    filename = func.__code__.co_filename
+    return not any(filename.startswith(root) for root in library_roots())
+
+
+def _cell_is_set(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
+
+
+def _describe_code(code: types.CodeType) -> str:
+    """Bytecode, constants (nested code included) and names a code object uses."""
+    consts = tuple(_describe_code(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    text = f"{code.co_code.hex()}|{describe(consts)}|{code.co_names}|{code.co_varnames}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def describe_op(op: Any) -> str:
-    """An op by class and properties (``__props__``), or by its state when it declares none."""
+    """An op by class and properties (``__props__``), or by its state when it declares none.
+
+    Log densities that PyMC attaches to an op class by dispatch (``pm.CustomDist``) are part of
+    it: they are compiled, but no graph or property shows them.
+    """
+    from batchfit.compat import dispatched_densities
+
     cls = f"{type(op).__module__}.{type(op).__qualname__}"
     props = getattr(op, "__props__", None)
     if props is not None:
-        return cls + describe({p: getattr(op, p) for p in props})
-    state = {k: v for k, v in vars(op).items() if not k.startswith("_")}
+        state = {p: getattr(op, p) for p in props}
+    else:
+        state = _public_state(vars(op))
+    densities = dispatched_densities(type(op))
+    if densities:
+        state = {**state, "__dispatched__": densities}
     return cls + describe(state)
 
 

@@ -1,0 +1,236 @@
+"""Cache keys are exact: models that compile to different code never share an entry, and the
+same model always finds its own, whatever the process compiled before.
+
+The unit matrix checks keys directly; the end-to-end tests sweep each pair of models one after
+the other with one cache directory and check that the second sweep compiled its own entry and
+that its posterior is its own model's (the one ``pm.sample`` gives).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BATCHFIT = Path(sys.executable).parent / "batchfit"
+
+# One template for every variant: the observed likelihood, one extra term and the model options
+# are filled in, so each pair differs in exactly one thing.
+MODEL = textwrap.dedent("""\
+    import numpy as np
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model({model_kwargs}) as model:
+            y = pm.Data("y", data["y"])
+            mu = pm.Normal("mu", 0.0, 5.0)
+            sigma = pm.HalfNormal("sigma", 2.0{sigma_kwargs})
+            {likelihood}
+            {extra}
+        return model
+""")
+NORMAL = 'pm.Normal("obs", mu, sigma, observed=y, shape=y.shape)'
+COMMON = dict(model_kwargs="", sigma_kwargs="", likelihood=NORMAL,
+              extra='pm.Potential("pen", -0.5 * mu**2); pm.Deterministic("scaled", mu * 2.0)')
+CUSTOM_LOGP = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
+               'logp=lambda v, mu, sigma: pm.logp(pm.Normal.dist(mu{shift}, sigma), v))')
+CUSTOM_DIST = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
+               'dist=lambda mu, sigma, size: pm.Normal.dist(mu{shift}, sigma, size=size))')
+
+VARIANTS = {
+    "common": COMMON,
+    "potential changed": {**COMMON, "extra": 'pm.Potential("pen", -2.0 * mu**2); pm.Deterministic("scaled", mu * 2.0)'},
+    "deterministic constant changed": {
+        **COMMON, "extra": 'pm.Potential("pen", -0.5 * mu**2); pm.Deterministic("scaled", mu * 3.0)'},
+    "no transform": {**COMMON, "sigma_kwargs": ", default_transform=None"},
+    "other observed distribution": {
+        **COMMON, "likelihood": 'pm.StudentT("obs", nu=3.0, mu=mu, sigma=sigma, observed=y, shape=y.shape)'},
+    "check_bounds off": {**COMMON, "model_kwargs": "check_bounds=False"},
+    "CustomDist logp": {**COMMON, "extra": "", "likelihood": CUSTOM_LOGP.format(shift="")},
+    "CustomDist logp shifted": {**COMMON, "extra": "", "likelihood": CUSTOM_LOGP.format(shift=" + 10.0")},
+    "CustomDist dist": {**COMMON, "extra": "", "likelihood": CUSTOM_DIST.format(shift="")},
+    "CustomDist dist shifted": {**COMMON, "extra": "", "likelihood": CUSTOM_DIST.format(shift=" + 10.0")},
+}
+# (first sweep, second sweep): the second must get its own key, entry and posterior.
+DIFFERENT = [
+    ("common", "potential changed"),
+    ("common", "deterministic constant changed"),
+    ("common", "no transform"),
+    ("common", "other observed distribution"),
+    ("common", "check_bounds off"),
+    ("CustomDist logp", "CustomDist logp shifted"),
+    ("CustomDist dist", "CustomDist dist shifted"),
+]
+
+# Distributions whose PyMC graphs share interned inner-graph nodes between models: compiling
+# one used to change the key of the next one built in the same process.
+SHARED_INNER_GRAPHS = textwrap.dedent("""\
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model(coords={"t": range(len(data["y"]))}) as model:
+            y = pm.Data("y", data["y"])
+            tau = pm.HalfCauchy("tau", 5.0)
+            shape = pm.Weibull("shape", 1.5, 2.0)
+            trend = pm.GaussianRandomWalk("trend", sigma=tau, dims="t")
+            effect = pm.ZeroSumNormal("effect", sigma=shape, dims="t")
+            pm.Normal("obs", trend + effect, 1.0, observed=y, dims="t")
+        return model
+""")
+
+
+def write_model(directory: Path, name: str, source: str) -> Path:
+    path = directory / f"{name.replace(' ', '_')}.py"
+    path.write_text(source)
+    return path
+
+
+def variant_file(directory: Path, name: str) -> Path:
+    return write_model(directory, name, MODEL.format(**VARIANTS[name]))
+
+
+def dataset(name: str, y: np.ndarray):
+    from batchfit.data import Dataset
+
+    return Dataset(id=name, path=Path(f"{name}.csv"), arrays={"y": y}, coords={})
+
+
+def key_of(model_file: Path, y: np.ndarray) -> str:
+    from batchfit.compile import sampler_key
+    from batchfit.modelfile import build_model, load_model_file
+
+    return sampler_key(build_model(load_model_file(model_file), dataset("d", y)))
+
+
+Y = np.array([1.2, 0.4, 2.1, 1.7, 0.9, 1.4, 2.6, 0.8])
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("first", "second"), DIFFERENT)
+def test_models_that_compile_differently_get_different_keys(tmp_path, first, second):
+    assert key_of(variant_file(tmp_path, first), Y) != key_of(variant_file(tmp_path, second), Y)
+
+
+def test_every_variant_has_its_own_key(tmp_path):
+    keys = {name: key_of(variant_file(tmp_path, name), Y) for name in VARIANTS}
+    assert len(set(keys.values())) == len(VARIANTS), keys
+
+
+def test_same_model_same_key_whatever_the_data_lengths(tmp_path):
+    model = variant_file(tmp_path, "common")
+    assert key_of(model, Y) == key_of(model, np.linspace(0.0, 3.0, 40))
+
+
+def test_same_key_after_a_compile_in_the_same_process(tmp_path):
+    from batchfit.compile import compile_sampler_functions
+    from batchfit.modelfile import build_model, load_model_file
+
+    model_file = write_model(tmp_path, "shared_inner", SHARED_INNER_GRAPHS)
+    before = key_of(model_file, Y)
+    compile_sampler_functions(build_model(load_model_file(model_file), dataset("d", Y)))
+    assert key_of(model_file, Y) == before
+
+
+def test_same_key_in_another_process(tmp_path):
+    model_file = write_model(tmp_path, "shared_inner", SHARED_INNER_GRAPHS)
+    script = textwrap.dedent(f"""
+        import numpy as np, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_keys import key_of, Y
+        from pathlib import Path
+        print(key_of(Path({str(model_file)!r}), Y))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == key_of(model_file, Y)
+
+
+def test_custom_dist_closure_over_data_changes_the_structure(tmp_path):
+    """A logp that captures a value from the data compiles differently for each dataset."""
+    from batchfit.fingerprint import model_fingerprint
+    from batchfit.modelfile import build_model, load_model_file
+
+    source = MODEL.format(**{**COMMON, "extra": "", "likelihood": (
+        'shift = float(data["y"][0]); pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
+        'logp=lambda v, mu, sigma: pm.logp(pm.Normal.dist(mu + shift, sigma), v))')})
+    module = load_model_file(write_model(tmp_path, "closure", source))
+    first = model_fingerprint(build_model(module, dataset("a", Y)))
+    assert model_fingerprint(build_model(module, dataset("b", Y))) == first
+    assert model_fingerprint(build_model(module, dataset("c", Y + 1.0))) != first
+
+
+def test_code_digest_covers_the_callback_generator(tmp_path):
+    import batchfit
+    from batchfit.fingerprint import sources_digest
+
+    package = Path(batchfit.__file__).parent
+    copy = shutil.copytree(package, tmp_path / "batchfit", ignore=shutil.ignore_patterns("__pycache__"))
+    assert sources_digest(copy) == sources_digest(package)
+    compile_py = copy / "compile.py"
+    compile_py.write_text(compile_py.read_text().replace('"        logp[()] = value",', '"        logp[()] = -value",'))
+    assert sources_digest(copy) != sources_digest(package)
+
+
+# --- end to end: the second sweep's posterior is its own ---------------------------------------
+
+SAMPLER = {"draws": 400, "tune": 400, "chains": 2, "seed": 5}
+
+
+def sweep(tmp_path: Path, model_file: Path, cache_dir: Path, data_dir: Path) -> dict:
+    """Run ``batchfit fit`` for one model in a fresh process; return its manifest and posterior."""
+    results = tmp_path / f"results-{model_file.stem}"
+    config = tmp_path / f"{model_file.stem}.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": str(model_file), "datasets": [str(data_dir / "*.csv")], "sampler": SAMPLER,
+        "cache_dir": str(cache_dir), "results_dir": str(results)}))
+    proc = subprocess.run([str(BATCHFIT), "fit", "--config", str(config)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [manifest] = [json.loads(p.read_text()) for p in (results / "batches").glob("*.json")]
+    import xarray as xr
+
+    tree = xr.open_datatree(results / "fits" / "d.nc")
+    return {"compile": manifest["compile"], "posterior": tree["posterior"].to_dataset().load()}
+
+
+def reference_posterior(model_file: Path) -> object:
+    """What ``pm.sample`` with nutpie gives for the same model and data."""
+    import pymc as pm
+
+    from batchfit.modelfile import build_model, load_model_file
+
+    model = build_model(load_model_file(model_file), dataset("d", Y))
+    with model:
+        idata = pm.sample(draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, nuts_sampler="nutpie",
+                          random_seed=11, progressbar=False)
+    return idata.posterior
+
+
+@pytest.mark.slow
+def test_second_sweep_of_a_different_model_gets_its_own_entry_and_posterior(tmp_path):
+    from posterior_checks import assert_same_posterior
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    np.savetxt(data_dir / "d.csv", Y, header="y", comments="", fmt="%.6f")
+    cache_dir = tmp_path / "cache"
+    files = {name: variant_file(tmp_path, name) for name in VARIANTS}
+    swept = {}
+    for first, second in DIFFERENT:
+        for name in (first, second):
+            if name not in swept:
+                swept[name] = sweep(tmp_path, files[name], cache_dir, data_dir)
+        assert swept[second]["compile"].startswith("cache miss"), (first, second, swept[second]["compile"])
+        assert_same_posterior(swept[second]["posterior"], reference_posterior(files[second]),
+                              label=f"{second} swept after {first}")
+    shifted, plain = swept["CustomDist logp shifted"]["posterior"], swept["CustomDist logp"]["posterior"]
+    assert float(shifted["mu"].mean()) < float(plain["mu"].mean()) - 8.0  # the -10 shift, not a shared entry
