@@ -493,7 +493,7 @@ def nutpie_dims_and_coords(model: Any, names: Sequence[str], shapes: Sequence[tu
     import pandas as pd
 
     lengths = functions.dim_lengths()
-    coords = {name: pd.Index(vals) if vals is not None else pd.RangeIndex(lengths[name])
+    coords = {name: coordinate_index(vals) if vals is not None else pd.RangeIndex(lengths[name])
               for name, vals in model.coords.items()}
     dims = {name: tuple(d) for name, d in model.named_vars_to_dims.items()}
     shape_of = dict(zip(names, shapes, strict=True))
@@ -503,6 +503,24 @@ def nutpie_dims_and_coords(model: Any, names: Sequence[str], shapes: Sequence[tu
         if value_name in functions.reparameterized and rv.name in dims and same_shape:
             dims[value_name] = dims[rv.name]
     return dims, coords
+
+
+def coordinate_index(labels: Sequence[Any]) -> Any:
+    """Coordinate labels as a pandas Index of a type nutpie's trace accepts.
+
+    nutpie converts int64, float64 and text indexes (an int32 index, which PyMC keeps for
+    ``coords={"site": np.unique(codes)}`` of an int32 column, fails the whole sample with
+    "Could not convert to Value"); other labels become text.
+    """
+    import pandas as pd
+
+    index = pd.Index(list(labels))
+    kind = index.dtype.kind
+    if kind in "iu":
+        return index.astype("int64")
+    if kind == "f":
+        return index.astype("float64")
+    return pd.Index([str(label) for label in labels], dtype=object)
 
 
 def _load(cache: CacheDir, key: str) -> tuple[WrapperSpec, Any, Any, float] | None:
