@@ -40,6 +40,7 @@ FULL = {
     "health": {"max_r_hat": 1.05, "min_ess_bulk": 100, "max_divergences": 5},
     "allow_object_mode": True,
     "cache": {"lock_timeout": 30, "trust_shared": True},
+    "columns": {"sex": {"levels": ["F", "M"]}, "store": {"order": "appearance", "scope": "dataset"}},
 }
 
 
@@ -317,6 +318,9 @@ def test_schema_errors_from_a_file_name_that_file(project: Path) -> None:
 
 
 def _objects(schema: dict, where: str = "") -> list[tuple[str, dict]]:
+    """Every object with fixed keys; a map keyed by user names (`columns`) contributes its value schema."""
+    if "properties" not in schema and isinstance(schema.get("additionalProperties"), dict):
+        return _objects(schema["additionalProperties"], f"{where}.<name>")
     found = [(where, schema)]
     for name, sub in schema.get("properties", {}).items():
         if sub.get("type") == "object":
@@ -333,6 +337,8 @@ def test_every_object_forbids_unknown_keys_and_every_key_is_described() -> None:
 
 def test_section_defaults_match_their_keys_defaults() -> None:
     for where, obj in _objects(config_schema())[1:]:
+        if "default" not in obj and "<name>" in where:
+            continue  # an entry of a map keyed by user names: no defaults of its own
         keys = {name: sub["default"] for name, sub in obj["properties"].items()}
         assert obj["default"] == keys, where
 

@@ -43,8 +43,11 @@ def write_datasets(out_dir: Path, indices: range | list[int], *, seed: int = 5) 
 
 def make_config(results_dir: Path, cache_dir: Path, datasets: list[str], *, model: Path = HIERARCHICAL,
                 extras: bool = False, **overrides):
+    # the simulated datasets' groups are each dataset's own (store g00 is not another store's g00)
+    columns = {"group": {"scope": "dataset"}} if model == HIERARCHICAL else {}
     return config_from_dict({
         "model": str(model), "datasets": datasets, "sampler": SAMPLER, "cache_dir": str(cache_dir),
+        "columns": columns,
         "results_dir": str(results_dir),
         "outputs": {"log_likelihood": extras, "posterior_predictive": extras}, **overrides,
     })

@@ -29,6 +29,7 @@ def write_sweep(root: Path, cache: Path, n: int) -> Path:
         "batch_size": 2,
         "cache_dir": str(cache),
         "results_dir": "results",
+        "columns": {"group": {"scope": "dataset"}},  # each shop's groups are its own
     }
     path = root / "sweep.yaml"
     path.write_text(yaml.safe_dump(config))

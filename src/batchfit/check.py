@@ -65,7 +65,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     if datasets:
         for dataset_id, path in paths.items():
             try:
-                check_dataset(load_dataset(dataset_id, path), ref.requirements)
+                check_dataset(load_dataset(dataset_id, path, ref.coding), ref.requirements)
             except BatchfitError as exc:
                 report.dataset_problems[dataset_id] = str(exc)
     _, logp_fn, expand_fn = compile_sampler_functions(ref.model)

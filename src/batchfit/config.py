@@ -18,7 +18,7 @@ import importlib.resources
 import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,20 @@ class CacheSettings:
 
 
 @dataclass(frozen=True)
+class ColumnSettings:
+    """How one text column's labels become codes (config key `columns.<name>`).
+
+    `levels` lists the labels in code order (then `order` is "listed"); otherwise the labels
+    come from the data in `order` ("sorted" or "appearance"). `scope` "dataset" codes the
+    column separately in each dataset instead of once for the sweep.
+    """
+
+    levels: tuple[str, ...] | None = None
+    order: str = "sorted"
+    scope: str = "sweep"
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated batchfit config; `source` is the config file (or "<dict>") for messages."""
 
@@ -82,6 +96,7 @@ class Config:
     allow_object_mode: bool
     cache: CacheSettings
     source: str
+    columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
 
     def fit_path(self, dataset_id: str) -> Path:
         """Where the posterior of one dataset is written."""
@@ -255,7 +270,15 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "lock_timeout": config.cache.lock_timeout,
             "trust_shared": config.cache.trust_shared,
         },
+        "columns": {name: _column_to_dict(c) for name, c in config.columns.items()},
     }
+
+
+def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
+    """One `columns` entry as written in a config file."""
+    if column.levels is not None:
+        return {"levels": list(column.levels)}
+    return {"order": column.order, "scope": column.scope}
 
 
 def _build(d: dict[str, Any], source: str) -> Config:
@@ -286,7 +309,22 @@ def _build(d: dict[str, Any], source: str) -> Config:
         allow_object_mode=d["allow_object_mode"],
         cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"]),
         source=source,
+        columns={str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()},
     )
+
+
+def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
+    """One validated `columns` entry; an explicit list fixes the order and the scope."""
+    if "levels" in spec:
+        for other in ("order", "scope"):
+            if other in spec:
+                raise ConfigError(
+                    f"'{other}' cannot be combined with 'levels' (the list fixes the order of the "
+                    "codes for the whole sweep); remove one of them",
+                    key=f"columns.{name}.{other}", source=source,
+                )
+        return ColumnSettings(levels=tuple(spec["levels"]), order="listed")
+    return ColumnSettings(order=spec.get("order", "sorted"), scope=spec.get("scope", "sweep"))
 
 
 def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """Find dataset files, load them into plain arrays, and check them against a model's needs.
 
 A dataset is one file (CSV, Parquet or NetCDF); its id is the file name without suffix.
-Tabular text columns become integer codes 0..K-1 with the sorted labels in `coords`, so
-a model can index a per-group parameter with them directly.
+Tabular text (label) columns become integer codes 0..K-1 with the labels in `coords`, so a
+model can index a per-group parameter with them directly; the sweep's `Coding`
+(`batchfit.coding.sweep_coding`) gives a label the same code in every dataset.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import re
 from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from batchfit.config import Config
 from batchfit.errors import ConfigError, DatasetError
+
+if TYPE_CHECKING:
+    from batchfit.coding import Coding
 
 _TABULAR = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}
 _NETCDF = {".nc", ".nc4", ".netcdf"}
@@ -167,8 +172,18 @@ def _check_id(dataset_id: str, path: Path) -> None:
         )
 
 
-def load_dataset(dataset_id: str, path: Path) -> Dataset:
-    """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError."""
+def table_kind(path: Path) -> str | None:
+    """"CSV" or "Parquet" for a table file, None for NetCDF (which carries its own coordinates)."""
+    return _TABULAR.get(Path(path).suffix.lower())
+
+
+def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None) -> Dataset:
+    """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError.
+
+    With the sweep's `coding`, label columns get the sweep's codes and text in a column that
+    holds numbers elsewhere stays text (for `check_dataset` to report); without one, every
+    text column is coded within this file, by sorted labels.
+    """
     path = Path(path)
     _check_suffix(dataset_id, path)
     suffix = path.suffix.lower()
@@ -183,7 +198,7 @@ def load_dataset(dataset_id: str, path: Path) -> Dataset:
         raise DatasetError("the file is empty", dataset=dataset_id, path=path)
     from batchfit.readers import read_arrays  # pandas and xarray: only where files are read
 
-    arrays, coords = read_arrays(dataset_id, path, "NetCDF" if suffix in _NETCDF else _TABULAR[suffix])
+    arrays, coords = read_arrays(dataset_id, path, "NetCDF" if suffix in _NETCDF else _TABULAR[suffix], coding)
     return Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords)
 
 
@@ -252,7 +267,7 @@ def _problems(dataset: Dataset, name: str, req: DataRequirement, allow_nan: bool
         yield f"{col} has labels with a NUL character, such as {example!r}, which the NetCDF outputs cannot store"
         return
     if array.dtype.kind not in "biuf":
-        yield _non_numeric_problem(col, array)
+        yield _non_numeric_problem(col, array, wants_int)
         return
     values = array
     if array.dtype.kind == "f":
@@ -261,12 +276,13 @@ def _problems(dataset: Dataset, name: str, req: DataRequirement, allow_nan: bool
             yield _bad_rows(col, inf, "infinite values")
         if np.any(nan) and (wants_int or not allow_nan):
             yield _bad_rows(col, nan, "missing (NaN) values")
-        values = array[np.isfinite(array)]
-        fractional = values[values != np.round(values)]
-        if wants_int and fractional.size:
-            example = fractional[0].item()
-            yield f"{col} has fractional values such as {example!r}, but the model needs integers"
+        fractional = np.isfinite(array) & (array != np.round(array))
+        if wants_int and np.any(fractional):
+            example = array[fractional].flat[0].item()
+            yield (f"{col} has fractional values such as {example!r} {_rows(fractional)}, "
+                   "but the model needs integers")
             return
+        values = array[np.isfinite(array)]
     yield from _range_problems(col, values, req.dtype)
 
 
@@ -288,20 +304,27 @@ def _range_problems(col: str, values: np.ndarray, dtype: np.dtype) -> Iterator[s
 
 
 def _text_problem(col: str, codes: np.ndarray, labels: tuple[str, ...]) -> str:
-    """Message for a text column where the model needs numbers, quoting an offending label."""
-    for code in np.unique(codes[codes >= 0]):
-        if not _parses_as_number(labels[code]):
-            return f"non-numeric values such as {labels[code]!r} in {col}, but the model needs numbers"
+    """Message for a label column where the model needs numbers, quoting a label and its rows."""
+    bad = [code for code in range(len(labels)) if not _parses_as_number(labels[code])]
+    present = np.isin(codes, bad)
+    if np.any(present):
+        example = labels[codes[present].flat[0]]
+        return f"non-numeric values such as {example!r} in {col} {_rows(present)}, but the model needs numbers"
     example = f" (e.g. {labels[0]!r})" if labels else ""
-    return f"{col} was read as text{example}, but the model needs numbers"
+    return (f"{col} was read as labels{example}, but the model needs numbers (a column listed under "
+            "'columns:' in the config is always read as labels)")
 
 
-def _non_numeric_problem(col: str, array: np.ndarray) -> str:
-    """Message for a non-numeric array (e.g. a NetCDF string variable)."""
-    for value in array.ravel():
-        if not _parses_as_number(str(value)):
-            return f"non-numeric values such as {str(value)!r} in {col}, but the model needs numbers"
-    return f"{col} holds values of type {array.dtype}, but the model needs numbers"
+def _non_numeric_problem(col: str, array: np.ndarray, wants_int: bool) -> str:
+    """Message for a non-numeric array (text in a numeric column, a NetCDF string variable)."""
+    text = np.vectorize(str, otypes=[object])(array) if array.size else array
+    bad = ~np.vectorize(_parses_as_number, otypes=[bool])(text) if array.size else np.zeros(array.shape, bool)
+    if not np.any(bad):
+        return f"{col} holds values of type {array.dtype}, but the model needs numbers"
+    hint = (" (if the column holds labels, list it under 'columns:' in the config so that every file's "
+            "values are read as labels)") if wants_int else ""
+    example = text[bad].flat[0]
+    return f"non-numeric values such as {example!r} in {col} {_rows(bad)}, but the model needs numbers{hint}"
 
 
 def _parses_as_number(text: str) -> bool:
@@ -314,12 +337,17 @@ def _parses_as_number(text: str) -> bool:
 
 
 def _bad_rows(col: str, mask: np.ndarray, what: str) -> str:
-    """'<what> in <col> in N rows (first at row index i)', counting rows along the first axis."""
+    """'<what> in <col> in N row(s) (first at row index i, counting from 0)'."""
+    return f"{what} in {col} {_rows(mask)}".rstrip()
+
+
+def _rows(mask: np.ndarray) -> str:
+    """'in N row(s) (first at row index i, counting from 0)', counting rows along the first axis."""
     if mask.ndim == 0:
-        return f"{what} in {col}"
+        return ""
     rows = mask.reshape(mask.shape[0], -1).any(axis=1)
     count, first = int(rows.sum()), int(np.argmax(rows))
-    return f"{what} in {col} in {count} row(s) (first at row index {first}, counting from 0)"
+    return f"in {count} row(s) (first at row index {first}, counting from 0)"
 
 
 def _names(arrays: Mapping[str, object]) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
+from batchfit.coding import Coding, sweep_coding
 from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
@@ -48,28 +49,33 @@ def dataset_seed(global_seed: int, dataset_id: str) -> int:
 
 @dataclass
 class Reference:
-    """The dataset whose model defines the structure, dtypes and compile for the whole sweep."""
+    """The dataset whose model defines the structure, dtypes and compile for the whole sweep.
+
+    `coding` is the sweep's coding of text columns, with which every dataset is loaded.
+    """
 
     dataset: Dataset
     model: Any
     requirements: dict[str, Any]
+    coding: Coding
 
 
 def reference_model(config: Config, paths: dict[str, Path]) -> Reference:
     """Build the model for the first dataset (by id) that loads and builds.
 
-    Every job uses the same reference, so all datasets get the same dtypes and share one
-    cache entry however they are batched.
+    Every job uses the same reference and the same coding, so all datasets get the same dtypes
+    and codes and share one cache entry however they are batched.
     """
     module = load_model_file(config.model)
+    coding = sweep_coding(config, paths)
     errors = []
     for dataset_id, path in paths.items():
         try:
-            dataset = load_dataset(dataset_id, path)
+            dataset = load_dataset(dataset_id, path, coding)
             model = build_model(module, dataset)
             reqs = requirements(model)
             check_dataset(dataset, reqs)
-            return Reference(dataset, model, reqs)
+            return Reference(dataset, model, reqs, coding)
         except BatchfitError as exc:
             errors.append(str(exc))
             if len(errors) >= 3:
@@ -155,7 +161,8 @@ class Fitter:
         import xarray as xr
 
         observed, constant = observed_and_constant_data(model)
-        groups = {"observed_data": _dataset(observed, model), "constant_data": _dataset(constant, model)}
+        groups = {"observed_data": _dataset(observed, model, dataset),
+                  "constant_data": _dataset(constant, model, dataset)}
         groups.update(self.extras.compute(model, tree, seed))
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
@@ -172,8 +179,12 @@ class Fitter:
         return tree
 
 
-def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any) -> Any:
-    """An xarray Dataset from name -> (dims, array), with the model's coordinate labels."""
+def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any, dataset: Dataset) -> Any:
+    """An xarray Dataset from name -> (dims, array), with the model's coordinate labels.
+
+    A label column's codes come with their labels: variable ``{name}_labels`` along dimension
+    ``{name}_code`` holds the label of each code, so a fit can be read without the sweep's coding.
+    """
     import xarray as xr
 
     variables = {}
@@ -185,6 +196,10 @@ def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model
             labels = model.coords.get(dim)
             if labels is not None:
                 coords[dim] = list(labels)
+    for name in list(variables):
+        labels = dataset.coords.get(name) if name in dataset.arrays else None
+        if labels is not None and f"{name}_labels" not in variables:
+            variables[f"{name}_labels"] = (f"{name}_code", np.array(labels, dtype=object))
     return xr.Dataset(variables, coords=coords)
 
 
@@ -232,7 +247,7 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
     try:
         if dataset_id not in paths:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
-        dataset = load_dataset(dataset_id, paths[dataset_id])
+        dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
         stage = "build"
         model = fitter.build(dataset)
         stage = "sample"
