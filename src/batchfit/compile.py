@@ -389,11 +389,12 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs | N
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How a child process rebuilds the same model: the model file and one dataset."""
+    """How a child process rebuilds the same model: the model file, one dataset and its coding."""
 
     model_file: Path
     dataset_id: str
     dataset_path: Path
+    coding: dict[str, Any] = dataclasses.field(default_factory=dict)  # Coding.for_dataset(dataset_id)
 
 
 def sampler_key(model: Any, graphs: SamplerGraphs | None = None) -> str:
@@ -582,7 +583,7 @@ def _build_in_child(source: ModelSource, cache: CacheDir, key: str) -> None:
     """Compile an entry in a fresh interpreter that rebuilds the same model."""
     cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
-           "--dataset-path", str(source.dataset_path)]
+           "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
@@ -664,6 +665,7 @@ class SamplerFunctions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Compile worker: rebuild a model from its file and one dataset, compile it into the cache."""
     from batchfit.cache import open_cache
+    from batchfit.coding import Coding
     from batchfit.data import load_dataset
     from batchfit.modelfile import build_model, load_model_file
 
@@ -673,9 +675,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-file", required=True)
     parser.add_argument("--dataset-id", required=True)
     parser.add_argument("--dataset-path", required=True)
+    parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
     args = parser.parse_args(argv)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
-    model = build_model(load_model_file(Path(args.model_file)), load_dataset(args.dataset_id, Path(args.dataset_path)))
+    coding = json.loads(args.coding)
+    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None)
+    model = build_model(load_model_file(Path(args.model_file)), dataset)
     graphs = SamplerGraphs.of(model)
     key = sampler_key(model, graphs)
     if key != args.key:

@@ -236,10 +236,13 @@ def coerce_for_model(
     *,
     allow_missing_values: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The required arrays, checked and cast to the required dtype (C-contiguous)."""
+    """The required arrays, checked and cast to the required dtype (C-contiguous, rank kept).
+
+    ``np.asarray(order="C")``, not ``np.ascontiguousarray``, which turns a 0-d array into shape (1,).
+    """
     check_dataset(dataset, requirements, allow_missing_values=allow_missing_values)
     return {
-        name: np.ascontiguousarray(dataset.arrays[name], dtype=req.dtype)
+        name: np.asarray(dataset.arrays[name], dtype=req.dtype, order="C")
         for name, req in requirements.items()
     }
 

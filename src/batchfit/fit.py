@@ -88,7 +88,8 @@ def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference, Compi
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     paths = discover_datasets(config)
     ref = reference_model(config, paths)
-    source = ModelSource(Path(config.model).resolve(), ref.dataset.id, Path(ref.dataset.path).resolve())
+    source = ModelSource(Path(config.model).resolve(), ref.dataset.id, Path(ref.dataset.path).resolve(),
+                         ref.coding.for_dataset(ref.dataset.id))
     compiled = compile_model(ref.model, cache, source=source, lock_timeout=config.cache.lock_timeout)
     log.info("compile: %s", compiled.report.line())
     return cache, paths, ref, compiled
