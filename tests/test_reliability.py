@@ -236,7 +236,8 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     bad_nan.loc[7, "y"] = np.nan
     bad_nan.to_csv(data / "c_nan.csv", index=False)  # ids sort first: the batch starts with failures
     table(3, 40, 4).rename(columns={"y": "outcome"}).to_csv(data / "c_nocol.csv", index=False)
-    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=3))
+    model = Path(shutil.copy(MODEL, tmp_path / "model.py"))  # run 6 touches it
+    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=3, model=str(model)))
     results = tmp_path / "results"
     good = [f"d_{i:03d}" for i in range(4)]
 
@@ -317,8 +318,11 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert mtimes(results / "fits")["d_001.nc"] > fitted["d_001.nc"]
     assert not np.array_equal(posterior_arrays(results / "fits" / "d_001.nc")["b"], old["b"])
 
-    # Run 6: nothing pending: no fit job, nothing re-fitted.
+    # Run 6: the model and every data file touched but unchanged: pending is by content, so no
+    # fit job, nothing re-fitted.
     before, fitted = manifests(results), mtimes(results / "fits")
+    for path in [model, *data.glob("*.csv")]:
+        os.utime(path)
     run = snakemake(tmp_path, config)
     assert run.returncode == 0, output_of(run)
     assert "rule fit:" not in run.stdout and manifests(results) == before and mtimes(results / "fits") == fitted
