@@ -212,8 +212,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     """
     cache, paths, ref, compiled = prepare(config)
     fitter = Fitter(config, ref, compiled)
-    owned = (path for d in dataset_ids
-             for path in (config.fit_path(d), sidecar_path(config, d), config.failure_path(d)))
+    owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
     stale = remove_stale_temporaries(owned)
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])

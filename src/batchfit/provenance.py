@@ -182,12 +182,16 @@ def sidecar_path(config: Config, dataset_id: str) -> Path:
 
 
 def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
-    """Write the sidecar of a fit just written, with the fit's size and modification time."""
+    """Write the sidecar of a fit just written, with the fit's size and modification time.
+
+    Written in place, not through a temporary file: a torn sidecar is never valid JSON and is
+    then ignored (the fit is read), while a temporary left by a killed job beside a complete
+    fit would never be cleaned up (the dataset is not pending, so no job owns it).
+    """
     stat = config.fit_path(dataset_id).stat()
     data = {"dataset": dataset_id, "provenance": provenance.digest, "fit_size": stat.st_size,
             "fit_mtime_ns": stat.st_mtime_ns}
-    with atomic_path(sidecar_path(config, dataset_id)) as tmp:
-        tmp.write_text(json.dumps(data, indent=1))
+    sidecar_path(config, dataset_id).write_text(json.dumps(data, indent=1))
 
 
 def fit_digest(path: str | Path) -> str | None:
