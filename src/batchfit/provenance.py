@@ -137,7 +137,7 @@ def expected_digests(config: Config, datasets: Mapping[str, Path]) -> dict[str, 
 
 
 class DigestCache:
-    """sha256 of data files keyed by (resolved path, size, mtime_ns), kept in a JSON file.
+    """sha256 of data files keyed by (absolute path, size, mtime_ns), kept in a JSON file.
 
     Written atomically, and only when it changed; concurrent plans (a cluster re-parses the
     Snakefile in every job) at worst drop each other's new entries, which are then hashed again.
@@ -155,7 +155,7 @@ class DigestCache:
         self.used: dict[str, list] = {}
 
     def sha256(self, path: Path) -> str:
-        key = str(Path(path).resolve())
+        key = os.path.abspath(path)  # not resolve(): following symlinks costs a stat per component
         stat = os.stat(key)
         entry = self.entries.get(key)
         if isinstance(entry, list) and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
