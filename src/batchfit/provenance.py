@@ -129,11 +129,18 @@ def expected_provenance(
     return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), extra)
 
 
-def expected_digests(config: Config, datasets: Mapping[str, Path]) -> dict[str, str]:
-    """Every dataset's expected digest, hashing only data files that changed since the last call."""
+def expected_digests(
+    config: Config, datasets: Mapping[str, Path], extras: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, str]:
+    """Every dataset's expected digest, hashing only data files that changed since the last call.
+
+    ``extras``: dataset id -> its ``extra`` (see the module docstring); none today.
+    """
     sweep = sweep_parts(config)
+    extras = extras or {}
     with DigestCache(config.results_dir / DIGEST_CACHE_NAME) as cache:
-        return {d: dataset_provenance(sweep, d, cache.sha256(path)).digest for d, path in datasets.items()}
+        return {d: dataset_provenance(sweep, d, cache.sha256(path), extras.get(d)).digest
+                for d, path in datasets.items()}
 
 
 class DigestCache:
