@@ -112,6 +112,7 @@ def test_finishing_a_batch_never_changes_another(tmp_path):
     """Cluster executors re-plan inside each job: a batch must keep its name and members."""
     from batchfit.config import config_from_dict
     from batchfit.pipeline import plan
+    from batchfit.provenance import expected_provenance, record
 
     simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 7, prefix="shop")
     config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
@@ -120,8 +121,9 @@ def test_finishing_a_batch_never_changes_another(tmp_path):
     first = plan(config).batches
     assert [len(members) for members in first.values()] == [3, 3, 1]
     done_name, done = next(iter(first.items()))
-    for dataset_id in done:
+    for dataset_id in done:  # a stand-in fit, recorded with the provenance a real fit would have
         config.fit_path(dataset_id).parent.mkdir(parents=True, exist_ok=True)
         config.fit_path(dataset_id).write_bytes(b"")
+        record(config, dataset_id, expected_provenance(config, dataset_id, tmp_path / "data" / f"{dataset_id}.csv"))
     second = plan(config).batches
     assert second == {name: members for name, members in first.items() if name != done_name}

@@ -236,7 +236,8 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     bad_nan.loc[7, "y"] = np.nan
     bad_nan.to_csv(data / "c_nan.csv", index=False)  # ids sort first: the batch starts with failures
     table(3, 40, 4).rename(columns={"y": "outcome"}).to_csv(data / "c_nocol.csv", index=False)
-    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=3))
+    model = Path(shutil.copy(MODEL, tmp_path / "model.py"))  # run 6 touches it
+    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=3, model=str(model)))
     results = tmp_path / "results"
     good = [f"d_{i:03d}" for i in range(4)]
 
@@ -317,8 +318,11 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert mtimes(results / "fits")["d_001.nc"] > fitted["d_001.nc"]
     assert not np.array_equal(posterior_arrays(results / "fits" / "d_001.nc")["b"], old["b"])
 
-    # Run 6: nothing pending: no fit job, nothing re-fitted.
+    # Run 6: the model and every data file touched but unchanged: pending is by content, so no
+    # fit job, nothing re-fitted.
     before, fitted = manifests(results), mtimes(results / "fits")
+    for path in [model, *data.glob("*.csv")]:
+        os.utime(path)
     run = snakemake(tmp_path, config)
     assert run.returncode == 0, output_of(run)
     assert "rule fit:" not in run.stdout and manifests(results) == before and mtimes(results / "fits") == fitted
@@ -356,6 +360,51 @@ def _assert_every_output_readable(results: Path) -> None:
             json.loads(path.read_text())
         elif path.suffix == ".csv":
             pd.read_csv(path)
+
+
+def unreachable(seed: int) -> pd.DataFrame:
+    """A dataset whose log density is infinite at every starting point (nutpie cannot initialise)."""
+    frame = table(seed, 12, 3)
+    frame["y"] = 1e300
+    return frame
+
+
+def test_a_batch_whose_every_dataset_fails_to_initialise_exits_cleanly(tmp_path: Path, session_cache: Path) -> None:
+    """nutpie raises while its chain threads still run; the process used to die with SIGSEGV at exit."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        unreachable(i).to_csv(data / f"bad{i}.csv", index=False)
+    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, results_dir=str(tmp_path / "results"),
+                                                               datasets=[str(data / "*.csv")]))
+    run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "fit", "--config", str(config)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode >= 0, f"killed by signal {-run.returncode}\n{output_of(run)}"
+    assert run.returncode in (0, 1), output_of(run)
+    for i in range(2):
+        record = json.loads((tmp_path / "results" / "failures" / f"bad{i}.json").read_text())
+        assert record["stage"] == "sample" and "initialization points failed" in record["message"], record
+
+
+@pytest.mark.slow
+def test_sweep_with_batches_that_all_fail_to_initialise_finishes(tmp_path: Path, session_cache: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):  # ids sort first: two batches of two, every dataset failing
+        unreachable(i).to_csv(data / f"a_bad{i}.csv", index=False)
+    table(9, 40, 4).to_csv(data / "b_good.csv", index=False)
+    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=2))
+    run = snakemake(tmp_path, config)
+    out = output_of(run)
+    assert run.returncode != 0, out
+    assert "SIGSEGV" not in out and "died" not in out, out
+    assert "batchfit: 4 dataset(s) failed (a_bad0, a_bad1, a_bad2, a_bad3)" in out, out
+    failures = pd.read_csv(tmp_path / "results" / "failures.csv").set_index("dataset")
+    assert sorted(failures.index) == [f"a_bad{i}" for i in range(4)]
+    assert set(failures["stage"]) == {"sample"}
+    summary = pd.read_csv(tmp_path / "results" / "summary.csv")
+    assert set(summary.loc[summary["status"] != "failed", "dataset"]) == {"b_good"}
+    assert (tmp_path / "results" / "posteriors.nc").exists()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from arviz_stats.base import array_stats
 from batchfit import __version__
 from batchfit.atomic import atomic_path
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.provenance import fit_digest
 
 ENGINE = "netcdf4"
 SAMPLE_DIMS = ["chain", "draw"]
@@ -95,8 +96,15 @@ class CollectReport:
         return line
 
 
-def collect(config: CollectConfig, dataset_ids: Sequence[str]) -> CollectReport:
-    """Collect the sweep's fits using the paths and health thresholds of a `Config`."""
+def collect(
+    config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None
+) -> CollectReport:
+    """Collect the sweep's fits using the paths and health thresholds of a `Config`.
+
+    ``expected_provenance`` (dataset id -> digest, `batchfit.provenance.expected_digests`) is
+    what the current config gives; a fit that recorded another digest is an error (see
+    `collect_fits`). The sweep (`batchfit.pipeline.run_collect`) always passes it.
+    """
     return collect_fits(
         dataset_ids,
         fit_path=config.fit_path,
@@ -105,6 +113,7 @@ def collect(config: CollectConfig, dataset_ids: Sequence[str]) -> CollectReport:
         summary_path=config.summary_path,
         failures_csv_path=config.failures_csv_path,
         thresholds=config.health,
+        expected_provenance=expected_provenance,
     )
 
 
@@ -117,13 +126,18 @@ def collect_fits(
     summary_path: Path,
     failures_csv_path: Path,
     thresholds: HealthThresholds,
+    expected_provenance: Mapping[str, str] | None = None,
 ) -> CollectReport:
     """Write posteriors.nc, summary.csv and failures.csv for `dataset_ids`, in that order.
 
     Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
-    record (the fit stage has not run for it) or has both (one of them is stale).
+    record (the fit stage has not run for it), has both (one of them is stale), or, given
+    ``expected_provenance``, has a fit whose recorded provenance digest differs (it was made
+    with other settings, another model or other data, and must not be mixed in).
     """
     fitted, failed = _classify(dataset_ids, fit_path, failure_path)
+    if expected_provenance is not None:
+        _check_provenance(fitted, fit_path, expected_provenance)
     failures = [read_failure(dataset_id, failure_path(dataset_id)) for dataset_id in failed]
 
     rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record) for record in failures}
@@ -272,6 +286,27 @@ def _classify(
             "delete the stale file or re-run the fit stage for them"
         )
     return fitted, failed
+
+
+def _check_provenance(
+    fitted: Sequence[str], fit_path: Callable[[str], Path], expected: Mapping[str, str]
+) -> None:
+    """Raise if any fit recorded another provenance digest than the current config gives."""
+    stale = []
+    for dataset_id in fitted:
+        try:
+            recorded = fit_digest(fit_path(dataset_id))
+        except OSError as exc:
+            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit_path(dataset_id)) from exc
+        if recorded != expected[dataset_id]:
+            stale.append(dataset_id)
+    if stale:
+        raise BatchfitError(
+            f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
+            f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
+            f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
+            "batchfit run): it refits exactly these datasets"
+        )
 
 
 def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:

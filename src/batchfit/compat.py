@@ -8,10 +8,15 @@ fails with the API's name when an upgrade removes or changes one.
 from __future__ import annotations
 
 import functools
+import os
 import sysconfig
+import time
 from typing import Any
 
-__all__ = ["dispatched_densities", "library_roots"]
+__all__ = ["NUTPIE_THREAD_PREFIX", "dispatched_densities", "library_roots", "wait_for_sampler_threads"]
+
+# nutpie 0.16 names the threads that run chains "nutpie-worker-N" (its Rust sampler's thread pool).
+NUTPIE_THREAD_PREFIX = "nutpie-worker-"
 
 
 @functools.cache
@@ -51,3 +56,38 @@ def library_roots() -> tuple[str, ...]:
     """Directories of installed packages and the standard library (code pinned by versions)."""
     paths = sysconfig.get_paths()
     return tuple(sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}))
+
+
+def sampler_threads() -> list[str]:
+    """Names of this process's nutpie chain threads that are still alive (Linux; elsewhere none)."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name.startswith(NUTPIE_THREAD_PREFIX):
+            names.append(name)
+    return names
+
+
+def wait_for_sampler_threads(timeout: float = 60.0) -> bool:
+    """Wait, without holding the GIL, until nutpie's chain threads have ended; False on timeout.
+
+    When sampling fails (e.g. "All initialization points failed"), ``nutpie.sample`` raises while
+    its chain threads are still winding down; they need the GIL to drop their Python objects. A
+    process that exits meanwhile finalizes the interpreter under them, and a thread calling
+    ``PyGILState_Ensure`` during finalization is unwound through Rust code: SIGSEGV at exit,
+    after every output was written (seen with nutpie 0.16.11). Sleeping releases the GIL.
+    """
+    deadline = time.monotonic() + timeout
+    while sampler_threads():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -25,6 +25,7 @@ from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
 from batchfit.coding import Coding, sweep_coding
 from batchfit.compile import CompiledModel, ModelSource, compile_model
+from batchfit.compat import wait_for_sampler_threads
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ModelContractError
@@ -37,6 +38,7 @@ from batchfit.modelfile import (
     observed_and_constant_data,
     requirements,
 )
+from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
 
 log = logging.getLogger("batchfit")
 
@@ -129,6 +131,7 @@ class Fitter:
         self.compiled = compiled
         self.module = load_model_file(config.model)
         self.model_hash = file_hash(config.model)
+        self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
         self.extras = ExtraGroups(ref.model, config.outputs)
 
     def build(self, dataset: Dataset) -> Any:
@@ -144,20 +147,31 @@ class Fitter:
             )
         return model
 
-    def sample(self, model: Any, dataset: Dataset, *, threads: int) -> Any:
+    def provenance(self, dataset_id: str, data_path: Path) -> Provenance:
+        """What a fit of this dataset records: hashed before the file is loaded, so a file
+        changed meanwhile leaves a digest that no longer matches, and the dataset pending."""
+        return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
+                                  self.ref.coding.for_dataset(dataset_id))
+
+    def sample(self, model: Any, dataset: Dataset, *, threads: int, provenance: Provenance) -> Any:
         """Sample one dataset's posterior with the compiled callbacks; return its DataTree."""
         import nutpie
 
         s = self.config.sampler
         seed = dataset_seed(s.seed, dataset.id)
-        tree = nutpie.sample(
-            self.compiled.sampler_for(model), draws=s.draws, tune=s.tune, chains=s.chains,
-            cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-            progress_bar=False, save_warmup=False,
-        )
-        return self.finish(tree, model, dataset, seed)
+        try:
+            tree = nutpie.sample(
+                self.compiled.sampler_for(model), draws=s.draws, tune=s.tune, chains=s.chains,
+                cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+                progress_bar=False, save_warmup=False,
+            )
+        except Exception:
+            if not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
+                log.warning("nutpie's chain threads did not end within a minute after %s failed", dataset.id)
+            raise
+        return self.finish(tree, model, dataset, seed, provenance)
 
-    def finish(self, tree: Any, model: Any, dataset: Dataset, seed: int) -> Any:
+    def finish(self, tree: Any, model: Any, dataset: Dataset, seed: int, provenance: Provenance) -> Any:
         """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
         import xarray as xr
 
@@ -172,10 +186,9 @@ class Fitter:
             "dataset": dataset.id,
             "source": str(dataset.path),
             "model_file": str(self.config.model),
-            "model_hash": self.model_hash,
             "seed": seed,
-            "sampler": json.dumps(self.config.sampler_dict(), sort_keys=True),
             "compile_key": self.compiled.key,
+            **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
 
@@ -248,13 +261,18 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
     try:
         if dataset_id not in paths:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
+        provenance = fitter.provenance(dataset_id, paths[dataset_id])
         dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
         stage = "build"
         model = fitter.build(dataset)
         stage = "sample"
-        tree = fitter.sample(model, dataset, threads=threads)
+        tree = fitter.sample(model, dataset, threads=threads, provenance=provenance)
         stage = "write"
+        # The sidecar goes first and comes back last: a job killed in between leaves a fit
+        # without one (the plan then reads the fit itself), never a sidecar of another fit.
+        sidecar_path(config, dataset_id).unlink(missing_ok=True)
         write_fit(tree, config.fit_path(dataset_id))
+        record(config, dataset_id, provenance)
     except Exception as exc:  # isolate the dataset; the failure record says what to fix
         message = one_line(exc)
         if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
@@ -264,6 +282,7 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
                           type(exc).__name__, message)
         record_failure(config, outcome, paths.get(dataset_id))
         config.fit_path(dataset_id).unlink(missing_ok=True)  # a fit from an older run is stale now
+        sidecar_path(config, dataset_id).unlink(missing_ok=True)
         return outcome
     config.failure_path(dataset_id).unlink(missing_ok=True)
     return Outcome(dataset_id, "ok", time.perf_counter() - start)

@@ -20,6 +20,7 @@ from batchfit.atomic import atomic_path
 from batchfit.config import Config, check_model_file, config_from_dict
 from batchfit.data import discover_datasets
 from batchfit.errors import BatchfitError
+from batchfit.provenance import expected_digests, recorded_digest
 
 log = logging.getLogger("batchfit")
 
@@ -32,38 +33,45 @@ class Plan:
     batches: dict[str, list[str]]
 
 
-def batch_id(dataset_ids: Sequence[str]) -> str:
-    """A batch's name from its members, so the same pending datasets give the same job."""
-    digest = hashlib.sha256("\n".join(dataset_ids).encode()).hexdigest()[:12]
+def batch_id(dataset_ids: Sequence[str], digests: Sequence[str] = ()) -> str:
+    """A batch's name from its members and their expected provenance digests.
+
+    The same pending datasets give the same job; a changed setting gives new names, so
+    Snakemake runs the batch again instead of finding the manifest of an earlier run.
+    """
+    lines = [f"{d} {p}" for d, p in zip(dataset_ids, digests, strict=True)] if digests else dataset_ids
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
     return f"batch-{digest}"
 
 
-def is_pending(config: Config, dataset_id: str, data_path: Path | None = None) -> bool:
-    """A dataset needs fitting if it has no fit, or one older than the model file or its data file."""
-    fit = config.fit_path(dataset_id)
-    if not fit.exists():
-        return True
-    inputs = [Path(config.model), *([Path(data_path)] if data_path is not None else [])]
-    return fit.stat().st_mtime < max(p.stat().st_mtime for p in inputs)
+def is_pending(config: Config, dataset_id: str, expected_digest: str) -> bool:
+    """A dataset needs fitting if it has no fit, or its fit recorded another provenance digest.
+
+    By content, not modification time: touching the model or a data file refits nothing, and
+    a changed sampler or outputs setting, model or data file refits exactly what it affects.
+    """
+    return recorded_digest(config, dataset_id) != expected_digest
 
 
 def plan(config: Config) -> Plan:
     """Cut all datasets, in id order, into chunks of ``batch_size``; batch each chunk's pending ones.
 
     Only pending datasets are fitted, so adding a dataset to a finished sweep fits just that one,
-    and a re-run retries just the datasets that failed or whose data file changed. Chunks are
+    and a re-run retries just the datasets that failed or whose provenance changed. Chunks are
     cut from *all* datasets, not from the pending ones, so that finishing one batch never
     changes another: cluster executors re-read the Snakefile inside every job, and a batch
-    must still exist, with the same members, when its job starts.
+    must still exist, with the same members, when its job starts. Cheap enough for every
+    parse: no model is built (see `batchfit.provenance` for the costs).
     """
     datasets = discover_datasets(config)
+    expected = expected_digests(config, datasets)
     ids = list(datasets)
     size = config.batch_size
     batches = {}
     for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
-        pending = [d for d in chunk if is_pending(config, d, datasets[d])]
+        pending = [d for d in chunk if is_pending(config, d, expected[d])]
         if pending:
-            batches[batch_id(pending)] = pending
+            batches[batch_id(pending, [expected[d] for d in pending])] = pending
     return Plan(datasets, batches)
 
 
@@ -127,10 +135,15 @@ def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads
 
 
 def run_collect(config: Config) -> Any:
-    """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv."""
+    """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv.
+
+    Every fit must have the provenance the current config gives (see `collect`): a sweep never
+    mixes fits made with other settings, models or data.
+    """
     from batchfit.collect import collect
 
-    return collect(config, list(discover_datasets(config)))
+    datasets = discover_datasets(config)
+    return collect(config, list(datasets), expected_provenance=expected_digests(config, datasets))
 
 
 def failure_line(config: Config) -> str | None:

@@ -19,7 +19,7 @@ FIT_THREADS = fit_threads(BF, workflow.cores, len(PLAN.batches))
 
 
 def batch_datasets(wildcards):
-    """Data files of one batch (inputs, so a changed file re-fits its batch)."""
+    """Data files of one batch (inputs: they must exist; a changed one changes the batch's name)."""
     return [str(PLAN.datasets[d]) for d in PLAN.batches[wildcards.batch]]
 
 

@@ -3,9 +3,11 @@ rule compile:
 
     No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
     whatever its config file is called (the Snakefile has already validated the config).
+    The model is `ancient`: the stamp's name holds the model's content digest, so touching the
+    file without changing it must not compile again.
     """
     input:
-        model=str(BF.model),
+        model=ancient(str(BF.model)),
     output:
         COMPILED,
     log:

@@ -1,0 +1,221 @@
+"""Provenance: a fit is redone exactly when what determines it changes (content, never mtimes).
+
+Three tiny datasets are fitted once per module (50 + 50 draws, one chain); each test copies that
+project, changes one thing and asks `plan` (what Snakemake runs at every parse) which datasets are
+pending. References are computed independently: sha256 of the files with hashlib, the sampler
+settings from the config dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import xarray as xr
+import yaml
+
+from batchfit.config import Config, config_from_dict
+from batchfit.errors import BatchfitError
+from batchfit.pipeline import compile_stamp_path, plan, run_collect, run_compile, run_fit, write_json
+from batchfit.simulate import simulate_datasets
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "models" / "hierarchical.py"
+IDS = ["shop_000", "shop_001", "shop_002"]
+SAMPLER = {"draws": 50, "tune": 50, "chains": 1, "target_accept": 0.8, "seed": 5}
+
+
+def settings(root: Path, cache: Path, **changes: object) -> dict:
+    """The sweep's config (absolute paths, so the project can be copied); ``changes`` override keys."""
+    config = {"model": str(root / "model.py"), "datasets": [str(root / "data" / "*.csv")],
+              "sampler": dict(SAMPLER), "batch_size": 2, "cache_dir": str(cache),
+              "results_dir": str(root / "results")}
+    for key, value in changes.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def pending(config: Config) -> list[str]:
+    return sorted(d for members in plan(config).batches.values() for d in members)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Path:
+    """A project (model.py, data/, results/) whose three datasets are fitted."""
+    root = tmp_path_factory.mktemp("fitted")
+    shutil.copy(MODEL, root / "model.py")
+    simulate_datasets(MODEL, root / "data", len(IDS), seed=3, prefix="shop")
+    assert run_fit(config_from_dict(settings(root, session_cache))) == 0
+    return root
+
+
+@pytest.fixture
+def project(fitted: Path, tmp_path: Path) -> Path:
+    """A private copy of the fitted project (timestamps kept), for a test to change."""
+    root = tmp_path / "project"
+    shutil.copytree(fitted, root)
+    return root
+
+
+def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None:
+    config = config_from_dict(settings(fitted, session_cache))
+    for dataset_id in IDS:
+        data = fitted / "data" / f"{dataset_id}.csv"
+        with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+            attrs = dict(tree.attrs)
+            assert tree["posterior"].ds.sizes["draw"] == SAMPLER["draws"]
+        assert json.loads(attrs["sampler"]) == SAMPLER
+        assert json.loads(attrs["outputs"]) == {"log_likelihood": False, "posterior_predictive": False}
+        assert attrs["model_hash"] == hashlib.sha256(MODEL.read_bytes()).hexdigest()
+        assert attrs["data_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+        versions = json.loads(attrs["versions"])
+        assert versions["pymc"] == __import__("pymc").__version__
+        assert versions["nutpie"] == __import__("nutpie").__version__
+        assert versions["batchfit"] == __import__("batchfit").__version__
+        assert re.fullmatch(r"[0-9a-f]{64}", attrs["provenance"]) and attrs["compile_key"]
+        sidecar = json.loads(config.fit_path(dataset_id).with_suffix(".json").read_text())
+        assert sidecar["provenance"] == attrs["provenance"]
+    digests = {dataset_id: xr.open_datatree(config.fit_path(dataset_id)).attrs["provenance"] for dataset_id in IDS}
+    assert len(set(digests.values())) == len(IDS)  # each dataset's own data
+
+
+def test_nothing_is_pending_after_the_fit(fitted: Path, session_cache: Path) -> None:
+    assert pending(config_from_dict(settings(fitted, session_cache))) == []
+
+
+@pytest.mark.parametrize("changes", [
+    pytest.param({"sampler": {"draws": 60}}, id="draws"),
+    pytest.param({"sampler": {"tune": 60}}, id="tune"),
+    pytest.param({"sampler": {"chains": 2}}, id="chains"),
+    pytest.param({"sampler": {"target_accept": 0.9}}, id="target_accept"),
+    pytest.param({"sampler": {"seed": 6}}, id="seed"),
+    pytest.param({"outputs": {"log_likelihood": True}}, id="log_likelihood"),
+    pytest.param({"outputs": {"posterior_predictive": True}}, id="posterior_predictive"),
+])
+def test_a_changed_setting_makes_every_dataset_pending(fitted: Path, session_cache: Path, changes: dict) -> None:
+    assert pending(config_from_dict(settings(fitted, session_cache, **changes))) == IDS
+
+
+def test_settings_that_do_not_shape_a_fit_leave_it_alone(fitted: Path, session_cache: Path) -> None:
+    config = settings(fitted, session_cache, batch_size=1, health={"max_r_hat": 1.5}, on_error="stop")
+    assert pending(config_from_dict(config)) == []
+
+
+def test_a_changed_model_file_makes_every_dataset_pending(project: Path, session_cache: Path) -> None:
+    config = config_from_dict(settings(project, session_cache))
+    model = project / "model.py"
+    model.write_text(model.read_text() + "\n# a comment is a change of content\n")
+    assert pending(config) == IDS
+
+
+def test_the_model_file_counts_by_content_not_by_name(project: Path, session_cache: Path) -> None:
+    shutil.copy(project / "model.py", project / "renamed.py")
+    assert pending(config_from_dict(settings(project, session_cache, model=str(project / "renamed.py")))) == []
+
+
+def test_a_changed_data_file_makes_only_its_dataset_pending(project: Path, session_cache: Path) -> None:
+    config = config_from_dict(settings(project, session_cache))
+    data = project / "data" / "shop_001.csv"
+    text = data.read_text()
+    data.write_text(text + text.splitlines()[-1] + "\n")  # one more row
+    assert pending(config) == ["shop_001"]
+
+
+def test_touching_files_refits_nothing(project: Path, session_cache: Path) -> None:
+    config = config_from_dict(settings(project, session_cache))
+    files = [project / "model.py", *sorted((project / "data").glob("*.csv"))]
+    past = time.time() - 3600
+    for path in files:
+        os.utime(path, (past, past))
+    assert pending(config) == []  # now the digests of the data files are cached ...
+    cached = json.loads((config.results_dir / "data_sha256.json").read_text())
+    assert len(cached) == len(IDS)
+    for path in files:  # ... and touching them invalidates the cache entries, not the fits
+        path.touch()
+    assert pending(config) == []
+
+
+def test_a_rewrite_within_one_timestamp_tick_is_seen(project: Path, session_cache: Path) -> None:
+    """A file rewritten with the same size and modification time just after it was hashed
+    (coarse file-system clocks) is hashed again, not taken from the digest cache."""
+    config = config_from_dict(settings(project, session_cache))
+    data = project / "data" / "shop_002.csv"
+    text = data.read_text()
+    data.write_text(text)  # modified now: too recent for its digest to be cached
+    stat = data.stat()
+    assert pending(config) == []
+    changed = text.replace("1", "2", 1)
+    assert len(changed) == len(text) and changed != text
+    data.write_text(changed)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert pending(config) == ["shop_002"]
+
+
+def test_a_replaced_fit_is_read_itself_not_through_its_sidecar(project: Path, session_cache: Path,
+                                                               tmp_path: Path) -> None:
+    """An old fit planted over a current one (a restored backup) is pending, and collect refuses it."""
+    other = settings(project, session_cache, sampler={"draws": 60}, results_dir=str(tmp_path / "other"))
+    assert run_fit(config_from_dict(other), ["shop_001"]) == 0
+    config = config_from_dict(settings(project, session_cache))
+    shutil.copyfile(tmp_path / "other" / "fits" / "shop_001.nc", config.fit_path("shop_001"))
+    assert pending(config) == ["shop_001"]
+    with pytest.raises(BatchfitError, match=r"1 of 3 fit\(s\) were made with other settings.*'shop_001'"):
+        run_collect(config)
+    assert not config.summary_path.exists()  # nothing mixed, nothing written
+
+
+def test_collect_names_every_stale_fit(project: Path, session_cache: Path) -> None:
+    """After a settings change every fit is stale: collect counts and names them instead of mixing."""
+    config = config_from_dict(settings(project, session_cache, sampler={"draws": 60}))
+    message = r"3 of 3 fit\(s\) were made with other settings.*'shop_000', 'shop_001', 'shop_002'"
+    with pytest.raises(BatchfitError, match=message):
+        run_collect(config)
+    report = run_collect(config_from_dict(settings(project, session_cache)))  # the fits' own config
+    assert report.n_datasets == 3 and report.n_failed == 0
+
+
+def snakemake_dry_run(root: Path, config: dict) -> dict[str, int]:
+    """Jobs `snakemake -n` plans for ``config`` in ``root``, by rule."""
+    path = root / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(root), "--configfile", str(path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
+
+
+@pytest.mark.slow
+def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, session_cache: Path) -> None:
+    """After a sweep: batch manifests and the compile stamp exist, each newer than its inputs."""
+    config = config_from_dict(settings(project, session_cache))
+    write_json(compile_stamp_path(config), run_compile(config))
+    manifests = min(p.stat().st_mtime for p in (config.results_dir / "batches").glob("*.json"))
+    os.utime(compile_stamp_path(config), (manifests - 1, manifests - 1))  # written before the fits
+    for path in [project / "model.py", *(project / "data").glob("*.csv")]:
+        os.utime(path, (manifests - 2, manifests - 2))
+    jobs = snakemake_dry_run(project, settings(project, session_cache))
+    assert "fit" not in jobs and "compile" not in jobs, jobs  # collect and status only: nothing to refit
+
+    jobs = snakemake_dry_run(project, settings(project, session_cache, sampler={"draws": 300}))
+    assert jobs.get("fit") == 2 and "compile" not in jobs, jobs  # all three datasets, in batches of 2
+
+    for path in [project / "model.py", *(project / "data").glob("*.csv")]:
+        path.touch()
+    jobs = snakemake_dry_run(project, settings(project, session_cache))
+    assert "fit" not in jobs and "compile" not in jobs, jobs
+
+    data = project / "data" / "shop_002.csv"
+    data.write_text(data.read_text() + data.read_text().splitlines()[-1] + "\n")
+    jobs = snakemake_dry_run(project, settings(project, session_cache))
+    assert jobs.get("fit") == 1, jobs
