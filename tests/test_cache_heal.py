@@ -131,9 +131,10 @@ def test_what_numba_raises_on_a_damaged_index_counts_as_damage(numba_files, tmp_
     from numba.core.caching import IndexDataCacheFile
 
     raised = []
-    for i, damage in enumerate(DAMAGES[:1] + [lambda d, seed=s: np.random.default_rng(s).bytes(len(d))
-                                               for s in range(20)]):
-        (tmp_path / f"f{i}.nbi").write_bytes(damage(numba_files["index.nbi"]))
+    intact = numba_files["index.nbi"]
+    damaged = [truncate(intact), *(np.random.default_rng(seed).bytes(len(intact)) for seed in range(20))]
+    for i, content in enumerate(damaged):
+        (tmp_path / f"f{i}.nbi").write_bytes(content)
         try:
             IndexDataCacheFile(str(tmp_path), f"f{i}", 0)._load_index()
         except Exception as exc:  # noqa: BLE001 - whatever numba raises is what we classify

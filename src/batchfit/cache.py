@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from filelock import FileLock, Timeout
@@ -256,6 +256,7 @@ def record_event(cache: CacheDir, event: str, key: str, seconds: float, saved: f
 DAMAGE_ERRORS: tuple[type[BaseException], ...] = (pickle.UnpicklingError, EOFError, zlib.error)
 # numba's methods that read its cache files: unpickling garbage can raise nearly any type there.
 _NUMBA_READERS = frozenset({"_load_index", "_load_data"})
+_NUMBA_CACHING = os.path.join("numba", "core", "caching.py")
 
 
 @dataclass(frozen=True)
@@ -436,17 +437,14 @@ def is_damage_error(exc: BaseException, cache: CacheDir) -> bool:
         if isinstance(current, DAMAGE_ERRORS):
             return True
         for frame in traceback.extract_tb(current.__traceback__):
-            if frame.filename.startswith(root) or (
-                    frame.name in _NUMBA_READERS and frame.filename.endswith(os.path.join("numba", "core", "caching.py"))):
+            in_numba_reader = frame.name in _NUMBA_READERS and frame.filename.endswith(_NUMBA_CACHING)
+            if in_numba_reader or frame.filename.startswith(root):
                 return True
         todo += [current.__cause__, current.__context__]
     return False
 
 
-T = TypeVar("T")
-
-
-def retry_after_healing(cache: CacheDir, what: str, action: Callable[[], T]) -> T:
+def retry_after_healing[T](cache: CacheDir, what: str, action: Callable[[], T]) -> T:
     """Run ``action``; if it fails on a damaged cache file, remove the damage (warning which) and run it once more."""
     try:
         return action()

@@ -3,6 +3,7 @@
 Entries are pruned whole: a sampler entry is its manifest plus the numba files it lists;
 PyTensor's own numba files (``pytensor/``) are pruned by age and size like any other file.
 Pruning takes each entry's compile lock, so it never removes an entry being written.
+Verifying checks every entry's digests and every file's structure (:func:`batchfit.cache.find_damage`).
 """
 
 from __future__ import annotations

@@ -459,8 +459,10 @@ def _load(cache: CacheDir, key: str) -> tuple[WrapperSpec, Any, Any, float] | No
         logp = _callback(spec, "logp", key, cache, _missing_inner)
         expand = _callback(spec, "expand", key, cache, _missing_inner)
     except Exception as exc:
-        if not (isinstance(exc, LookupError) or is_damage_error(exc, cache)):  # absent from numba's index, or unreadable
-            raise  # anything else (an API change, say) is not fixed by rebuilding
+        # Absent from numba's index, or unreadable; anything else (an API change, say) is not
+        # fixed by rebuilding.
+        if not (isinstance(exc, LookupError) or is_damage_error(exc, cache)):
+            raise
         raise CorruptEntry(f"numba could not load it ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
     return spec, logp, expand, float(entry.get("compile_seconds", 0.0))
 
