@@ -42,10 +42,14 @@ from batchfit.cache import (
     CacheDir,
     CorruptEntry,
     compile_lock,
+    damage_message,
+    heal,
+    is_damage_error,
     read_entry,
     record_event,
     register_wrapper,
     remove_entry,
+    retry_after_healing,
     write_entry,
 )
 from batchfit.errors import BatchfitError, ModelContractError
@@ -533,7 +537,11 @@ def _load(cache: CacheDir, key: str) -> tuple[WrapperSpec, Any, Any, float] | No
     try:
         logp = _callback(spec, "logp", key, cache, _missing_inner)
         expand = _callback(spec, "expand", key, cache, _missing_inner)
-    except Exception as exc:  # numba raises many types for unreadable cache files
+    except Exception as exc:
+        # Absent from numba's index, or unreadable; anything else (an API change, say) is not
+        # fixed by rebuilding.
+        if not (isinstance(exc, LookupError) or is_damage_error(exc, cache)):
+            raise
         raise CorruptEntry(f"numba could not load it ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
     return spec, logp, expand, float(entry.get("compile_seconds", 0.0))
 
@@ -566,7 +574,9 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
     seconds = time.perf_counter() - start
     report = CompileReport(key, hit, seconds, compile_seconds)
     record_event(cache, "hit" if hit else "miss", key, seconds, compile_seconds if hit else 0.0)
-    return CompiledModel(key, spec, logp, expand, model, report)
+    # The per-process functions compile through PyTensor, which reads its own files in the cache.
+    return retry_after_healing(cache, f"cache entry {key[:12]}",
+                               lambda: CompiledModel(key, spec, logp, expand, model, report))
 
 
 def _load_checked(cache: CacheDir, key: str) -> tuple[WrapperSpec, Any, Any, float] | None:
@@ -579,12 +589,25 @@ def _load_checked(cache: CacheDir, key: str) -> tuple[WrapperSpec, Any, Any, flo
         return None
 
 
+# Exit code of a compile worker that found damaged cache files, removed them and should be run again.
+HEALED_EXIT = 3
+
+
 def _build_in_child(source: ModelSource, cache: CacheDir, key: str) -> None:
-    """Compile an entry in a fresh interpreter that rebuilds the same model."""
+    """Compile an entry in a fresh interpreter that rebuilds the same model.
+
+    A worker that hit damaged cache files removes them and exits with HEALED_EXIT; it is then
+    run once more (in a fresh process, so no half-loaded numba state is reused) and the damage
+    is reported here, in the job's own warnings.
+    """
     cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
            "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == HEALED_EXIT:
+        healed = json.loads(proc.stdout.strip().splitlines()[-1])["healed"]
+        warnings.warn(f"compiling cache entry {key[:12]}: {healed}", stacklevel=3)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
         raise BatchfitError(f"compiling the model failed in the compile worker: {detail}")
@@ -687,7 +710,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"the model built from {args.model_file} differs between processes (key {key[:12]} "
               f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
         return 2
-    seconds = build_entry(model, cache, key, graphs)
+    try:
+        seconds = build_entry(model, cache, key, graphs)
+    except Exception as exc:
+        if not is_damage_error(exc, cache):
+            raise
+        removed = heal(cache)
+        if not removed:  # nothing damaged on disk: retrying would fail the same way
+            raise
+        print(json.dumps({"healed": damage_message(cache, removed)}))
+        return HEALED_EXIT
     print(json.dumps({"key": key, "compile_seconds": seconds}))
     return 0
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
-from batchfit.cache import CacheDir, open_cache
+from batchfit.cache import CacheDir, open_cache, retry_after_healing
 from batchfit.coding import Coding, sweep_coding
 from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.compat import wait_for_sampler_threads
@@ -132,7 +132,8 @@ class Fitter:
         self.module = load_model_file(config.model)
         self.model_hash = file_hash(config.model)
         self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
-        self.extras = ExtraGroups(ref.model, config.outputs)
+        cache = CacheDir.at(config.cache_dir)
+        self.extras = retry_after_healing(cache, "optional outputs", lambda: ExtraGroups(ref.model, config.outputs))
 
     def build(self, dataset: Dataset) -> Any:
         """Check ``dataset`` against the reference, cast it to the reference dtypes, build its model."""
