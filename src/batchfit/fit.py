@@ -24,8 +24,8 @@ from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache, retry_after_healing
 from batchfit.coding import Coding, sweep_coding
-from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.compat import wait_for_sampler_threads
+from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ModelContractError
