@@ -388,7 +388,10 @@ def test_fit_file_layout(batch10):
             assert tree[group].ds["y_obs"].dims[:2] == ("chain", "draw")
         assert set(tree["posterior"].ds.data_vars) == {"mu_a", "sigma_a", "a", "b", "sigma"}
         assert {"diverging"} <= set(tree["sample_stats"].ds.data_vars)
-        assert set(tree["constant_data"].ds.data_vars) == {"x", "group"}
+        constant = tree["constant_data"].ds
+        assert set(constant.data_vars) == {"x", "group", "group_labels"}  # a label column keeps its labels
+        labels = sorted(set(pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")["group"]))
+        assert constant["group_labels"].values.tolist() == labels
         attrs = dict(tree.attrs)
     assert attrs["batchfit_version"] == batchfit.__version__
     assert attrs["dataset"] == dataset_id

@@ -3,7 +3,7 @@
 Entries are pruned whole: a sampler entry is its manifest plus the numba files it lists;
 PyTensor's own numba files (``pytensor/``) are pruned by age and size like any other file.
 Pruning takes each entry's compile lock, so it never removes an entry being written.
-Verifying checks every entry's digests and every file's structure (:func:`batchfit.cache.find_damage`).
+Verifying checks every entry's digests and every file's structure (:func:`batchfit.cache_heal.find_damage`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfit.cache import (
-    CacheDir,
-    CorruptEntry,
-    compile_lock,
-    entry_key_of,
-    find_damage,
-    read_entry,
-    remove_damage,
-    remove_entry,
-)
+from batchfit.cache import CacheDir, CorruptEntry, compile_lock, read_entry, remove_entry
+from batchfit.cache_heal import entry_key_of, find_damage, remove_damage
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 _AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -51,8 +51,8 @@ class CheckReport:
 def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     """Validate datasets (optionally) and find object-mode or uncacheable ops in the sampler functions."""
     from batchfit.cache import open_cache
-    from batchfit.compile import compile_sampler_functions
     from batchfit.fit import reference_model
+    from batchfit.graphs import compile_sampler_functions
     from batchfit.nopython import fallbacks_in_function
 
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.

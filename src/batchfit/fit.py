@@ -22,10 +22,11 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
-from batchfit.cache import CacheDir, open_cache, retry_after_healing
+from batchfit.cache import CacheDir, open_cache
+from batchfit.cache_heal import retry_after_healing
 from batchfit.coding import Coding, sweep_coding
 from batchfit.compat import wait_for_sampler_threads
-from batchfit.compile import CompiledModel, ModelSource, compile_model
+from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ModelContractError
@@ -39,6 +40,7 @@ from batchfit.modelfile import (
     requirements,
 )
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
+from batchfit.sampler import CompiledModel
 
 log = logging.getLogger("batchfit")
 
