@@ -13,7 +13,7 @@ from typing import Any
 
 from batchfit.config import Config
 from batchfit.data import check_dataset, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, DatasetError, ModelContractError
+from batchfit.errors import BatchfitError, DatasetError
 
 
 @dataclass
@@ -36,16 +36,6 @@ class CheckReport:
         out.append("check: ok" if self.ok else
                    f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.fallbacks)} compile problem(s)")
         return out
-
-    def raise_if_blocking(self, config: Config) -> None:
-        """Fail the compile stage on object-mode or uncacheable ops unless the config allows them."""
-        if self.fallbacks and not config.allow_object_mode:
-            listing = "\n  ".join(str(f) for f in self.fallbacks)
-            raise ModelContractError(
-                f"the model does not compile fully to numba's nopython mode:\n  {listing}\n"
-                "These parts would run at Python speed and be recompiled in every process. "
-                f"To accept that anyway, set 'allow_object_mode: true' in {config.source}."
-            )
 
 
 def check_model(config: Config, *, datasets: bool = True) -> CheckReport:

@@ -93,7 +93,7 @@ class Config:
     on_error: str
     outputs: OutputSettings
     health: HealthSettings
-    allow_object_mode: bool
+    max_structures: int
     cache: CacheSettings
     source: str
     columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
@@ -265,7 +265,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "min_ess_bulk": config.health.min_ess_bulk,
             "max_divergences": config.health.max_divergences,
         },
-        "allow_object_mode": config.allow_object_mode,
+        "max_structures": config.max_structures,
         "cache": {
             "lock_timeout": config.cache.lock_timeout,
             "trust_shared": config.cache.trust_shared,
@@ -306,7 +306,7 @@ def _build(d: dict[str, Any], source: str) -> Config:
             min_ess_bulk=float(h["min_ess_bulk"]),
             max_divergences=int(h["max_divergences"]),
         ),
-        allow_object_mode=d["allow_object_mode"],
+        max_structures=d["max_structures"],
         cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"]),
         source=source,
         columns={str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()},

@@ -76,22 +76,24 @@ def plan(config: Config) -> Plan:
 
 
 def run_compile(config: Config) -> dict[str, Any]:
-    """Fill the cache ahead of the fit jobs (and check the model compiles in nopython mode)."""
-    from batchfit.check import check_model
-    from batchfit.fit import prepare
+    """Fill the cache ahead of the fit jobs with the reference dataset's structure.
 
-    report = check_model(config, datasets=False)
-    report.raise_if_blocking(config)
-    _, _, ref, compiled = prepare(config)
-    stamp = {"key": compiled.key, "reference_dataset": ref.dataset.id, "line": compiled.report.line(),
-             "compile_seconds": compiled.report.compile_seconds, "hit": compiled.report.hit}
-    return stamp
+    A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
+    own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
+    """
+    from batchfit.fit import Fitter, prepare
+
+    cache, _, ref = prepare(config)
+    fitter = Fitter(config, ref, cache)
+    structure = fitter.reference
+    return {"key": structure.key, "structure": structure.id, "path": structure.path,
+            "reference_dataset": ref.dataset.id, "line": fitter.compile_line}
 
 
 def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
-    Named by the model file's content, the check setting and the library versions, so a sweep
+    Named by the model file's content and the library versions, so a sweep
     whose results were deleted (or a second sweep of the same model) finds the cache already
     filled and Snakemake skips the compile job; a changed model or an upgrade compiles again.
     """
@@ -100,7 +102,7 @@ def compile_stamp_path(config: Config) -> Path:
     from batchfit import __version__
     from batchfit.fingerprint import LIBRARIES
 
-    parts = [Path(config.model).read_bytes(), str(config.allow_object_mode).encode(), __version__.encode(),
+    parts = [Path(config.model).read_bytes(), __version__.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
