@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from batchfit.compat import wait_for_sampler_threads
 from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, ModelContractError, one_line
+from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
 from batchfit.modelfile import (
     build_model,
     file_hash,
@@ -38,6 +38,7 @@ from batchfit.modelfile import (
 )
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
 from batchfit.structures import Structure, Structures
+from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
 log = logging.getLogger("batchfit")
 
@@ -132,6 +133,8 @@ class Fitter:
         self.model_hash = file_hash(config.model)
         self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
         self.structures = Structures(config, cache)
+        self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
+        self.kept = kept_variables(config, self.roles)
         self.reference = self.structures.for_model(ref.model, model_source(config, ref.dataset, ref.coding))
 
     @property
@@ -184,7 +187,8 @@ class Fitter:
         observed, constant = observed_and_constant_data(model)
         groups = {"observed_data": _dataset(observed, model, dataset),
                   "constant_data": _dataset(constant, model, dataset)}
-        groups.update(structure.extras.compute(model, tree, seed))
+        groups.update(structure.extras.compute(model, tree, seed))  # before dropping: extras may read any variable
+        groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({
@@ -199,6 +203,25 @@ class Fitter:
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
+
+
+def kept_variables(config: Config, roles: Mapping[str, str]) -> list[str]:
+    """The posterior variables each fit keeps (`outputs.var_names`); a name the model lacks is a ConfigError."""
+    o = config.outputs
+    try:
+        return select_vars(list(roles), o.var_names, o.filter_vars)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} in the model of {config.model}", key="outputs.var_names",
+                          source=config.source) from None
+
+
+def _kept_posterior(posterior: Any, kept: Sequence[str], roles: Mapping[str, str]) -> Any:
+    """The kept variables of a sampled posterior, each with its role (`batchfit.variables`) as attribute."""
+    wanted = set(kept)
+    posterior = posterior[[name for name in posterior.data_vars if name in wanted]]
+    for name, var in posterior.data_vars.items():
+        var.attrs[ROLE_ATTR] = roles[name]
+    return posterior
 
 
 def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any, dataset: Dataset) -> Any:
