@@ -217,7 +217,7 @@ def test_check_lists_every_bad_dataset_with_file_and_column(project: Path, sessi
         matching = [line for line in lines if file in line]
         assert len(matching) == 1, (file, out)
         assert all(f in matching[0] for f in fragments), (fragments, matching[0])
-    assert f"check: {len(expected)} dataset problem(s), 0 compile problem(s)" in out
+    assert f"check: {len(expected)} dataset problem(s), 0 sweep problem(s), 0 structure(s)" in out
     assert not any("'d_000'" in line or "'d_002'" in line for line in lines), out
     assert "reference dataset: d_000" in out
     assert not (project / "results").exists()
