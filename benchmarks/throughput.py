@@ -14,7 +14,8 @@ serve them all with one compile; batchfit's callbacks can.
 
 Printed: median per-dataset wall time of batchfit beside the median pure sampling time and
 their ratio (target <= 2), a stage breakdown, and resident memory (peak ``ru_maxrss`` and
-current psutil RSS) after the 10th and the last dataset (target: within 10%). With a ratio
+current psutil RSS) after the 10th and the last dataset (target: within 10%), and the current RSS
+after every 50th dataset (the trajectory, for runs of a few hundred datasets). With a ratio
 above 2, or with --profile, cProfile of 10 more datasets shows where the overhead goes.
 Results: benchmarks/results/throughput/.
 """
@@ -100,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
                     progress_bar=False, save_warmup=False)
         row["pure_sample_s"] = time.perf_counter() - start
         rows.append(row)
-        if i in (10, len(ids)):
+        if i == 10 or i % 50 == 0 or i == len(ids):  # the trajectory, not just two points
             rss[i] = {"ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "rss_mib": proc.memory_info().rss / 2**20}
     fit.write_manifest(config, report)
@@ -197,6 +198,7 @@ def main() -> None:
         growth = last[key] / first[key]
         print(f"  {label:22s} {first[key]:7.0f} MiB -> {last[key]:7.0f} MiB  ratio {growth:.3f} "
               f"(target within 10%: {'met' if abs(growth - 1) <= 0.10 else 'NOT met'})")
+    print("  current RSS trajectory: " + ", ".join(f"{v['rss_mib']:.0f} MiB at {i}" for i, v in sorted(rss.items())))
     print(f"  peak RSS polled from outside: {res['peak_rss_polled_mib']:.0f} MiB")
     if res.get("profile"):
         print(f"\ncProfile of 10 more datasets through fit_one ({'asked for' if args.profile else 'ratio > 2'}):")
