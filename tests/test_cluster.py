@@ -74,6 +74,21 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
     assert sum(list(m["datasets"]) == ["shop_broken"] for m in manifests) == 2
 
 
+def test_a_batch_that_ran_is_retried_under_a_new_name(tmp_path):
+    """Its datasets are still pending (they failed): Snakemake must see a job not yet done."""
+    from batchfit.pipeline import batch_id, untried_batch_id
+
+    config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)], "results_dir": str(tmp_path)})
+    first = untried_batch_id(config, ["a", "b"], ["1", "2"])
+    assert first == batch_id(["a", "b"], ["1", "2"])
+    config.batch_manifest_path(first).parent.mkdir(parents=True)
+    config.batch_manifest_path(first).write_text("{}")
+    second = untried_batch_id(config, ["a", "b"], ["1", "2"])
+    assert second != first
+    config.batch_manifest_path(second).write_text("{}")
+    assert untried_batch_id(config, ["a", "b"], ["1", "2"]) not in (first, second)
+
+
 def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path):
     config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)],
                                "sampler": {"draws": 1000, "tune": 1000, "chains": 4}})

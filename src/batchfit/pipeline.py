@@ -147,19 +147,26 @@ def run_compile(config: Config) -> dict[str, Any]:
     return stamp
 
 
-def measure_fit(config: Config, ref: Any, compiled: Any) -> dict[str, Any]:
+def measure_fit(config: Config, ref: Any, compiled: Any) -> dict[str, Any] | None:
     """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
 
     One thread and the compiling process's memory: both err on the large side for a fit job.
+    None when the fit fails: that dataset's own fit job records the failure, and the jobs get
+    default resources.
     """
     import resource
 
-    from batchfit.fit import Fitter
+    from batchfit.fit import Fitter, one_line
 
     fitter = Fitter(config, ref, compiled)
     start = time.perf_counter()
-    fitter.sample(fitter.build(ref.dataset), ref.dataset, threads=1,
-                  provenance=fitter.provenance(ref.dataset.id, ref.dataset.path))
+    try:
+        fitter.sample(fitter.build(ref.dataset), ref.dataset, threads=1,
+                      provenance=fitter.provenance(ref.dataset.id, ref.dataset.path))
+    except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
+        log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.dataset.id,
+                    one_line(exc))
+        return None
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s = config.sampler
