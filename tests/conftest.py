@@ -1,19 +1,28 @@
-"""Test-session set-up: one shared compile cache for the whole session.
+"""Test-session set-up: one compile cache for the whole session, empty when the session starts.
 
 PyTensor reads its compile directory at import time, so the environment is set here, before
-any test module imports pytensor. Re-using the directory across sessions keeps the suite fast;
-tests that need an empty cache make their own temporary one.
+any test module imports pytensor. The cache is new for every session (shared by pytest-xdist's
+workers of one run), so no test can pass on an entry an older session or older code left;
+tests that need a compiled model ask for a fixture that compiles it. Set BATCHFIT_TEST_CACHE
+to keep a cache across sessions while developing.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", REPO / ".batchfit-cache" / "tests"))
+_KEEP = "BATCHFIT_TEST_CACHE" in os.environ
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", Path(tempfile.gettempdir()) / f"batchfit-tests-{_RUN}"))
 SESSION_CACHE.mkdir(parents=True, exist_ok=True, mode=0o700)
 os.environ["BATCHFIT_TEST_CACHE"] = str(SESSION_CACHE)
 os.environ["PYTENSOR_FLAGS"] = f"base_compiledir={SESSION_CACHE / 'pytensor'}"
@@ -22,10 +31,31 @@ os.environ["NUMBA_CACHE_DIR"] = str(SESSION_CACHE / "numba")
 NES_DIR = Path(os.environ.get("BATCHFIT_NES_DIR", REPO.parent / "shared" / "data" / "posteriordb-nes"))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the session's cache (by the xdist controller, or the only process)."""
+    if not _KEEP and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def session_cache() -> Path:
     """The compile cache shared by every test in the session."""
     return SESSION_CACHE
+
+
+@pytest.fixture(scope="session")
+def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled hierarchical model compiled into the session cache (as `batchfit compile` does)."""
+    root = tmp_path_factory.mktemp("hierarchical-entry")
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": str(REPO / "models" / "hierarchical.py"), "datasets": [str(REPO / "data" / "example" / "*.csv")],
+        "columns": {"group": {"scope": "dataset"}}, "cache_dir": str(session_cache),
+        "results_dir": str(root / "results")}))
+    run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "compile", "--config", str(config)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"compiling the hierarchical model failed:\n{run.stdout}\n{run.stderr[-3000:]}"
+    return session_cache
 
 
 @pytest.fixture(scope="session")

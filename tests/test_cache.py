@@ -370,8 +370,8 @@ def _dataset(name: str, **arrays: np.ndarray):
 
 
 def test_keys_ignore_sizes_but_not_structure_or_types(tmp_path):
-    from batchfit.compile import sampler_key
     from batchfit.data import load_dataset
+    from batchfit.graphs import sampler_key
     from batchfit.modelfile import build_model, load_model_file
 
     small, large = simulate(HIERARCHICAL, tmp_path / "data", [0, 5])
@@ -401,8 +401,8 @@ def test_keys_ignore_sizes_but_not_structure_or_types(tmp_path):
 
 def test_library_upgrade_changes_the_key(monkeypatch, session_cache, tmp_path):
     import batchfit.fingerprint as fp
-    from batchfit.compile import sampler_key
     from batchfit.data import load_dataset
+    from batchfit.graphs import sampler_key
     from batchfit.modelfile import build_model, load_model_file
 
     [data] = simulate(HIERARCHICAL, tmp_path / "data", [2])

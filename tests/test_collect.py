@@ -14,15 +14,10 @@ import xarray as xr
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
-from batchfit.collect import (
-    FAILURE_COLUMNS,
-    SUMMARY_COLUMNS,
-    collect,
-    collect_fits,
-    dataset_health,
-)
-from batchfit.config import Config, config_from_dict
+from batchfit.collect import collect, collect_fits, dataset_health
+from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.variables import DETERMINISTIC, ROLE_ATTR
 
 CHAINS, DRAWS = 2, 50
 
@@ -32,6 +27,8 @@ class Health:
     max_r_hat: float = 1.1
     min_ess_bulk: float = 20.0
     max_divergences: int = 0
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
 
 
 def sweep_config(results_dir: Path) -> Config:
@@ -47,9 +44,13 @@ def sweep_config(results_dir: Path) -> Config:
 
 
 def write_fit(
-    config: Config, dataset_id: str, n_groups: int, *, seed: int, divergent: int = 0, shift_chain: bool = False
+    config: Config, dataset_id: str, n_groups: int, *, seed: int, divergent: int = 0, shift_chain: bool = False,
+    stuck_deterministic: bool = False,
 ) -> Path:
-    """Write a fit file in the fit stage's format with random draws (no sampling)."""
+    """Write a fit file in the fit stage's format with random draws (no sampling).
+
+    With `stuck_deterministic`, a deterministic ``d`` whose chains disagree is added.
+    """
     rng = np.random.default_rng(seed)
     groups = [f"g{i + 1}" for i in range(n_groups)]
     sample = {"chain": np.arange(CHAINS), "draw": np.arange(DRAWS)}
@@ -65,6 +66,9 @@ def write_fit(
         coords={**sample, "group": groups, "k": [0, 1]},
         attrs={"inference_library": "nutpie"},
     )
+    if stuck_deterministic:
+        stuck = rng.normal(size=(CHAINS, DRAWS)) + np.array([[0.0], [5.0]])
+        posterior["d"] = xr.Variable(("chain", "draw"), stuck, attrs={ROLE_ATTR: DETERMINISTIC})
     diverging = np.zeros((CHAINS, DRAWS), dtype=bool)
     diverging.flat[:divergent] = True
     sample_stats = xr.Dataset(
@@ -106,6 +110,7 @@ def write_failure(config: Config, dataset_id: str, message: str) -> Path:
 
 
 IDS = ["store_01", "store_02", "store_03", "store_04", "store_07"]
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 FAILURE_MESSAGE = "dataset error (dataset 'store_04', column 'y'): 3 missing values, first in row 7"
 
 
@@ -170,8 +175,11 @@ def test_outputs_open_with_arviz(sweep: Config) -> None:
 def test_summary_csv(sweep: Config) -> None:
     collect(sweep, IDS)
     summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
-    assert list(summary.columns) == SUMMARY_COLUMNS
-    assert list(summary.columns)[-1] == "message"
+    reference = arviz.summary(arviz.from_netcdf(sweep.fit_path("store_01")), ci_kind="hdi", round_to="none")
+    assert list(reference.columns) == ["mean", "sd", "hdi89_lb", "hdi89_ub", "ess_bulk", "ess_tail", "r_hat",
+                                       "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89%
+    assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
+                                     "divergences", "max_r_hat", "min_ess_bulk", "status", "message"]
 
     # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, failure row, 5+1+10
     assert summary.groupby("dataset", sort=False).size().to_dict() == {
@@ -186,7 +194,7 @@ def test_summary_csv(sweep: Config) -> None:
         "a[g1]", "a[g2]", "a[g3]", "sigma",
         "L[g1, 0]", "L[g1, 1]", "L[g2, 0]", "L[g2, 1]", "L[g3, 0]", "L[g3, 1]",
     ]  # fmt: skip
-    assert (store_01["hdi_3%"] < store_01["mean"]).all() and (store_01["mean"] < store_01["hdi_97%"]).all()
+    np.testing.assert_allclose(store_01[reference.columns], reference.loc[store_01["parameter"]], rtol=1e-10)
     assert store_01["message"].isna().all()
 
     status = summary.groupby("dataset", sort=False)["status"].agg(set).to_dict()
@@ -270,6 +278,18 @@ def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
     )
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
     assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv"}
+
+
+def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:
+    config = sweep_config(tmp_path / "results")
+    write_fit(config, "s", 3, seed=1, stuck_deterministic=True)
+    summary = pd.read_csv(collect(config, ["s"]).summary_path).set_index("parameter")
+    assert summary.loc["d", "r_hat"] > 1.5  # summarised, but a deterministic
+    assert set(summary["status"]) == {"ok"} and summary["max_r_hat"].iloc[0] < 1.5
+
+    scored = config_from_dict({**config_to_dict(config), "health": {"var_names": ["d", "sigma"]}})
+    assert collect(scored, ["s"]).warning_ids == ["s"]
+    assert dataset_health(config.fit_path("s"), Health(var_names=("d",)))["reasons"][0].startswith("max r_hat")
 
 
 def test_dataset_health(sweep: Config) -> None:

@@ -38,7 +38,7 @@ FULL = {
     "on_error": "stop",
     "outputs": {"log_likelihood": True, "posterior_predictive": True},
     "health": {"max_r_hat": 1.05, "min_ess_bulk": 100, "max_divergences": 5},
-    "allow_object_mode": True,
+    "max_structures": 3,
     "cache": {"lock_timeout": 30, "trust_shared": True},
     "columns": {"sex": {"levels": ["F", "M"]}, "store": {"order": "appearance", "scope": "dataset"}},
 }
@@ -76,7 +76,7 @@ def test_minimal_config_gets_every_default() -> None:
         on_error="continue",
         outputs=OutputSettings(log_likelihood=False, posterior_predictive=False),
         health=HealthSettings(max_r_hat=1.01, min_ess_bulk=400, max_divergences=0),
-        allow_object_mode=False,
+        max_structures=8,
         cache=CacheSettings(lock_timeout=600, trust_shared=False),
         source="<dict>",
     )
@@ -92,7 +92,7 @@ def test_full_config_values_are_kept_with_python_types() -> None:
     assert config.source == "run.yaml"
     assert config.datasets == ("data/*.csv", "more/a.parquet")
     assert config.sampler.target_accept == 0.9 and isinstance(config.sampler.draws, int)
-    assert config.on_error == "stop" and config.allow_object_mode is True
+    assert config.on_error == "stop" and config.max_structures == 3
     assert isinstance(config.health.min_ess_bulk, float) and isinstance(config.cache.lock_timeout, float)
     assert config.cache_dir == Path("cache")
 
@@ -169,7 +169,7 @@ def test_out_of_range_values_are_rejected(key: str, value: object, expected: str
         ("sampler.draws", True, "must be an integer, got true"),
         ("sampler.target_accept", "high", "must be a number, got 'high'"),
         ("outputs.log_likelihood", "yes", "must be true or false"),
-        ("allow_object_mode", 1, "must be true or false"),
+        ("max_structures", 0, "must be >= 1"),
         ("datasets", "data/*.csv", "must be a list"),
         ("sampler", None, "must be a mapping"),
         ("model", 3, "must be a string"),

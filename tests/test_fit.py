@@ -77,7 +77,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def batch10(data_dir, tmp_path_factory, session_cache):
+def batch10(data_dir, tmp_path_factory, hierarchical_entry):
     """d0..d9 and then d0 again in one batch, counting compilations after each dataset."""
     import numba
     from numba.core import compiler, event
@@ -86,7 +86,7 @@ def batch10(data_dir, tmp_path_factory, session_cache):
     import batchfit.fit as fit_module
 
     results = tmp_path_factory.mktemp("fit-results")
-    config = make_config(results, session_cache, [str(data_dir / "*.csv")], extras=True)
+    config = make_config(results, hierarchical_entry, [str(data_dir / "*.csv")], extras=True)
     counts = {"numba_events": 0, "numba_pipelines": 0, "pytensor_functions": 0}
     snapshots, trees, outcomes = [], [], []
 
@@ -314,9 +314,9 @@ def _failure(config, dataset_id):
     return json.loads(config.failure_path(dataset_id).read_text())
 
 
-def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, session_cache):
+def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, hierarchical_entry):
     root = contract_sweep
-    config = make_config(root / "results", session_cache, [str(root / "data" / "*.csv"), str(root / "data" / "*.nc")],
+    config = make_config(root / "results", hierarchical_entry, [str(root / "data" / "*.csv"), str(root / "data" / "*.nc")],
                          model=root / "model.py", on_error="continue")
     ids = ["a_ok", "b_baked", "c_nodata", "d_text", "f_rank", "e_ok"]
     report = fit_batch(config, ids, batch_id="contract")
@@ -388,7 +388,10 @@ def test_fit_file_layout(batch10):
             assert tree[group].ds["y_obs"].dims[:2] == ("chain", "draw")
         assert set(tree["posterior"].ds.data_vars) == {"mu_a", "sigma_a", "a", "b", "sigma"}
         assert {"diverging"} <= set(tree["sample_stats"].ds.data_vars)
-        assert set(tree["constant_data"].ds.data_vars) == {"x", "group"}
+        constant = tree["constant_data"].ds
+        assert set(constant.data_vars) == {"x", "group", "group_labels"}  # a label column keeps its labels
+        labels = sorted(set(pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")["group"]))
+        assert constant["group_labels"].values.tolist() == labels
         attrs = dict(tree.attrs)
     assert attrs["batchfit_version"] == batchfit.__version__
     assert attrs["dataset"] == dataset_id

@@ -104,7 +104,7 @@ def dataset(name: str, y: np.ndarray):
 
 
 def key_of(model_file: Path, y: np.ndarray) -> str:
-    from batchfit.compile import sampler_key
+    from batchfit.graphs import sampler_key
     from batchfit.modelfile import build_model, load_model_file
 
     return sampler_key(build_model(load_model_file(model_file), dataset("d", y)))
@@ -131,7 +131,7 @@ def test_same_model_same_key_whatever_the_data_lengths(tmp_path):
 
 
 def test_same_key_after_a_compile_in_the_same_process(tmp_path):
-    from batchfit.compile import compile_sampler_functions
+    from batchfit.graphs import compile_sampler_functions
     from batchfit.modelfile import build_model, load_model_file
 
     model_file = write_model(tmp_path, "shared_inner", SHARED_INNER_GRAPHS)
@@ -175,8 +175,10 @@ def test_code_digest_covers_the_callback_generator(tmp_path):
     package = Path(batchfit.__file__).parent
     copy = shutil.copytree(package, tmp_path / "batchfit", ignore=shutil.ignore_patterns("__pycache__"))
     assert sources_digest(copy) == sources_digest(package)
-    compile_py = copy / "compile.py"
-    compile_py.write_text(compile_py.read_text().replace('"        logp[()] = value",', '"        logp[()] = -value",'))
+    callbacks_py = copy / "callbacks.py"
+    source = callbacks_py.read_text()
+    assert '"        logp[()] = value",' in source
+    callbacks_py.write_text(source.replace('"        logp[()] = value",', '"        logp[()] = -value",'))
     assert sources_digest(copy) != sources_digest(package)
 
 

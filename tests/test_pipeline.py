@@ -69,7 +69,8 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
     assert set(combined.children) == set(ids)
     summary = pd.read_csv(results / "summary.csv")
     assert set(summary["dataset"]) == set(ids)
-    assert {"mean", "sd", "hdi_3%", "hdi_97%", "r_hat", "ess_bulk", "ess_tail", "divergences", "status"} <= set(summary)
+    assert {"mean", "sd", "hdi89_lb", "hdi89_ub", "mcse_mean", "r_hat", "ess_bulk", "ess_tail", "divergences",
+            "status"} <= set(summary)
     assert pd.read_csv(results / "failures.csv").empty
     assert (results / "status.ok").exists()
     logs = sorted((results / "logs" / "fit").glob("*.log"))

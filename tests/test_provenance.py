@@ -73,7 +73,8 @@ def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None
             attrs = dict(tree.attrs)
             assert tree["posterior"].ds.sizes["draw"] == SAMPLER["draws"]
         assert json.loads(attrs["sampler"]) == SAMPLER
-        assert json.loads(attrs["outputs"]) == {"log_likelihood": False, "posterior_predictive": False}
+        assert json.loads(attrs["outputs"]) == {"log_likelihood": False, "posterior_predictive": False,
+                                                  "var_names": None, "filter_vars": None}
         assert attrs["model_hash"] == hashlib.sha256(MODEL.read_bytes()).hexdigest()
         assert attrs["data_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
         versions = json.loads(attrs["versions"])

@@ -689,7 +689,7 @@ _yaml_values = st.recursive(
 )
 _KEYS = ["model", "datasets", "sampler", "sampler.draws", "sampler.tune", "sampler.chains", "sampler.seed",
          "sampler.target_accept", "batch_size", "cache_dir", "results_dir", "on_error", "outputs",
-         "outputs.log_likelihood", "health", "health.max_r_hat", "health.min_ess_bulk", "allow_object_mode",
+         "outputs.log_likelihood", "health", "health.max_r_hat", "health.min_ess_bulk", "max_structures",
          "cache", "cache.lock_timeout", "cache.trust_shared"]
 
 

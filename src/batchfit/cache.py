@@ -23,11 +23,10 @@ import stat
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from filelock import FileLock, Timeout
 
@@ -42,6 +41,11 @@ class CacheDir:
     """A validated cache directory and the paths inside it."""
 
     root: Path
+
+    @classmethod
+    def at(cls, root: str | Path) -> CacheDir:
+        """The cache directory at ``root`` (as configured: relative, or with ``~``), without creating it."""
+        return cls(Path(root).expanduser().resolve())
 
     @property
     def pytensor_dir(self) -> Path:
@@ -100,13 +104,12 @@ def check_trust(path: Path, *, trust_shared: bool) -> None:
 
 def open_cache(root: str | Path, *, trust_shared: bool = False) -> CacheDir:
     """Create (private by default) and validate the cache directory, then point PyTensor at it."""
-    root = Path(root).expanduser().resolve()
+    cache = CacheDir.at(root)
     try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cache.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        raise CacheError(f"cannot create cache directory {root}: {exc.strerror}") from exc
-    check_trust(root, trust_shared=trust_shared)
-    cache = CacheDir(root)
+        raise CacheError(f"cannot create cache directory {cache.root}: {exc.strerror}") from exc
+    check_trust(cache.root, trust_shared=trust_shared)
     for sub in (cache.pytensor_dir, cache.numba_dir, cache.entries_dir, cache.locks_dir):
         sub.mkdir(parents=True, exist_ok=True)
     configure_pytensor(cache.pytensor_dir)
@@ -229,52 +232,55 @@ def record_event(cache: CacheDir, event: str, key: str, seconds: float, saved: f
             fh.write(line + "\n")
 
 
-# --- numba: let exec-generated wrapper functions be cached under a content key -------------
+@dataclass(frozen=True)
+class Fetched[T]:
+    """What ``get_or_build`` returns: the loaded value and how it was obtained."""
 
-_WRAPPER_KEYS: WeakKeyDictionary = WeakKeyDictionary()
+    value: T
+    key: str
+    hit: bool
+    seconds: float  # to obtain it here, loading and (on a miss) building
+    compile_seconds: float  # what building the entry cost when it was built
 
 
-def register_wrapper(py_func: Any, key: str, cache: CacheDir) -> None:
-    """Have numba cache ``py_func`` (generated from source) in ``cache`` under ``key``.
+def get_or_build[T](cache: CacheDir, key: str, *, load: Callable[[dict[str, Any]], T],
+                    build: Callable[[], dict[str, Any]], lock_timeout: float) -> Fetched[T]:
+    """The one way through the cache: load the entry ``key``, building it first if no process has.
 
-    numba can only cache functions defined in files; batchfit's wrappers are generated from
-    source, so a locator maps them to the cache directory with the content key as the
-    disambiguator and as the source stamp (a changed key never loads an old entry).
+    ``load(manifest)`` turns a verified entry into a value, raising ``CorruptEntry`` if its files
+    cannot be used; ``build()`` writes the entry's files and returns the rest of its manifest.
+    This function owns the rest: the per-key lock (one process builds, the others wait and
+    load), verification (a damaged entry is reported, removed and rebuilt), the manifest with
+    the files' digests, and the hit/miss statistics.
     """
-    _install_locator()
-    _WRAPPER_KEYS[py_func] = (key, cache.numba_dir)
+    start = time.perf_counter()
+    loaded = _load_verified(cache, key, load)
+    hit = loaded is not None
+    if loaded is None:
+        with compile_lock(cache, key, lock_timeout):
+            loaded = _load_verified(cache, key, load)  # built by another process while we waited
+            hit = loaded is not None
+            if loaded is None:
+                build_start = time.perf_counter()
+                manifest = build()
+                write_entry(cache, key, {**manifest, "compile_seconds": time.perf_counter() - build_start})
+                loaded = _load_verified(cache, key, load)
+        if loaded is None:
+            raise CacheError(f"cache entry {key[:12]} was built but cannot be loaded from {cache.root}")
+    value, entry = loaded
+    seconds = time.perf_counter() - start
+    compile_seconds = float(entry.get("compile_seconds", 0.0))
+    record_event(cache, "hit" if hit else "miss", key, seconds, compile_seconds if hit else 0.0)
+    return Fetched(value, key, hit, seconds, compile_seconds)
 
 
-_locator_installed = False
-
-
-def _install_locator() -> None:
-    global _locator_installed
-    if _locator_installed:
-        return
-    from numba.core.caching import CacheImpl, _CacheLocator
-
-    class _WrapperLocator(_CacheLocator):
-        def __init__(self, key: str, path: Path):
-            self._key = key
-            self._path = path
-
-        def ensure_cache_path(self) -> None:
-            self._path.mkdir(parents=True, exist_ok=True)
-
-        def get_cache_path(self) -> str:
-            return str(self._path)
-
-        def get_source_stamp(self) -> str:
-            return self._key
-
-        def get_disambiguator(self) -> str:
-            return self._key
-
-        @classmethod
-        def from_function(cls, py_func: Any, py_file: str) -> _WrapperLocator | None:
-            found = _WRAPPER_KEYS.get(py_func)
-            return None if found is None else cls(*found)
-
-    CacheImpl._locator_classes.insert(0, _WrapperLocator)
-    _locator_installed = True
+def _load_verified[T](cache: CacheDir, key: str,
+                      load: Callable[[dict[str, Any]], T]) -> tuple[T, dict[str, Any]] | None:
+    """Load an entry and its manifest; a damaged one is reported, removed and treated as absent."""
+    try:
+        entry = read_entry(cache, key)
+        return None if entry is None else (load(entry), entry)
+    except CorruptEntry as exc:
+        warnings.warn(f"cache entry {key[:12]} in {cache.root} is damaged: {exc}; rebuilding it", stacklevel=4)
+        remove_entry(cache, key)
+        return None

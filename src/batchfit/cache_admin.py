@@ -3,12 +3,12 @@
 Entries are pruned whole: a sampler entry is its manifest plus the numba files it lists;
 PyTensor's own numba files (``pytensor/``) are pruned by age and size like any other file.
 Pruning takes each entry's compile lock, so it never removes an entry being written.
+Verifying checks every entry's digests and every file's structure (:func:`batchfit.cache_heal.find_damage`).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 import re
 import shutil
 import time
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.cache import CacheDir, CorruptEntry, compile_lock, read_entry, remove_entry
+from batchfit.cache_heal import entry_key_of, find_damage, remove_damage
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 _AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -75,7 +76,7 @@ def cache_info(cache: CacheDir) -> CacheInfo:
     hits = misses = 0
     saved = 0.0
     if cache.stats_path.exists():
-        for line in cache.stats_path.read_text().splitlines():
+        for line in cache.stats_path.read_text(errors="replace").splitlines():  # a damaged log still counts
             try:
                 event = json.loads(line)
             except ValueError:
@@ -94,28 +95,28 @@ def cache_info(cache: CacheDir) -> CacheInfo:
 
 
 def verify_cache(cache: CacheDir, *, repair: bool = False) -> list[str]:
-    """Check every entry's digests and that PyTensor's numba index files unpickle; list problems.
+    """Check every entry's digests and every file's structure (batchfit's, PyTensor's, numba's); list problems.
 
-    With ``repair`` damaged batchfit entries are removed (they are rebuilt on next use).
+    With ``repair`` damaged files are removed with whatever depends on them (a damaged
+    callback file takes its entry along); each is rebuilt when next needed.
     """
     problems = []
+    damaged_entries = set()
     for manifest in sorted(cache.entries_dir.glob("*.json")):
         key = manifest.stem
         try:
             read_entry(cache, key)
         except CorruptEntry as exc:
             problems.append(f"entry {key[:12]}: {exc}")
+            damaged_entries.add(key)
             if repair:
                 remove_entry(cache, key)
-    for index in sorted(cache.pytensor_dir.rglob("*.nbi")):
-        try:
-            with open(index, "rb") as fh:
-                pickle.load(fh)  # numba's index: a pickled version, then the pickled index
-                pickle.loads(fh.read())
-        except Exception as exc:  # noqa: BLE001 - any failure means numba could not read it
-            problems.append(f"pytensor numba index {index.name}: unreadable ({type(exc).__name__})")
-            if repair:
-                index.unlink(missing_ok=True)
+    for damage in find_damage(cache):
+        if entry_key_of(cache, damage.path) in damaged_entries:
+            continue  # reported with its entry above
+        problems.append(damage.line(cache.root))
+        if repair:
+            remove_damage(cache, damage)
     return problems
 
 

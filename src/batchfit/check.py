@@ -1,59 +1,88 @@
-"""``batchfit check``: everything that can be known to be wrong before any compiling or sampling.
+"""``batchfit check``: everything the fit stage would run into, found before any sampling.
 
-It loads and validates every dataset against the reference model's requirements (each problem
-names the dataset, file and column), and lists the operations of the sampler functions that
-would run in numba's object mode or could not be disk-cached, with the model variable they
-come from.
+It loads every dataset and builds its model (cheap Python), as the fit stage does, and reports
+
+* every dataset problem (file, column, row and value) and every model-contract problem (all
+  columns baked into the model as constants at once, each with its variable and a fix);
+* the structure buckets: which datasets build which model structure, and for datasets that
+  differ from the reference, the variables and the constants that differ (a value computed
+  from the data and baked in, such as ``np.log(y.mean())`` in a prior, shows up here);
+* the path each structure will take: batchfit's cached callbacks, or nutpie's own compile
+  (with the reason: an op numba runs in object mode or cannot cache, a shared variable that is
+  not ``pm.Data``, ...), found by building and compiling each structure's graphs as the
+  compile stage does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from batchfit.config import Config
-from batchfit.data import check_dataset, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, DatasetError, ModelContractError
+from batchfit.data import coerce_for_model, discover_datasets, load_dataset
+from batchfit.errors import BatchfitError, DatasetError, one_line
+from batchfit.structures import CACHED, NUTPIE, structure_of
+
+
+@dataclass
+class Bucket:
+    """Datasets that build one model structure, and the path that structure takes."""
+
+    id: str
+    datasets: list[str] = field(default_factory=list)
+    path: str = CACHED
+    reasons: list[str] = field(default_factory=list)  # why nutpie's path, one per finding
+    differences: list[str] = field(default_factory=list)  # how it differs from the reference's
+
+    def lines(self) -> list[str]:
+        head = (f"structure {self.id[:12]}: {len(self.datasets)} dataset(s) ({_ids(self.datasets)}), "
+                f"{'batchfit cached callbacks' if self.path == CACHED else "nutpie's own compile (slower)"}")
+        return [head, *(f"    differs: {d}" for d in self.differences),
+                *(f"    not fully compiled: {r}" for r in self.reasons)]
 
 
 @dataclass
 class CheckReport:
-    """Problems found by ``check_model``."""
+    """What ``check_model`` found."""
 
     reference: str
     dataset_problems: dict[str, str] = field(default_factory=dict)
-    fallbacks: list[Any] = field(default_factory=list)
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
 
     @property
     def ok(self) -> bool:
-        return not self.dataset_problems and not self.fallbacks
+        """No dataset would fail and no structure leaves batchfit's fast path."""
+        return not self.dataset_problems and not self.problems and all(b.path == CACHED for b in self.buckets.values())
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Every reason a structure takes nutpie's own path."""
+        return [reason for bucket in self.buckets.values() for reason in bucket.reasons]
 
     def lines(self) -> list[str]:
         """Human-readable findings, one per line."""
         out = [f"reference dataset: {self.reference}"]
         out += [f"  {problem}" for problem in self.dataset_problems.values()]
-        out += [f"  not fully compiled: {fallback}" for fallback in self.fallbacks]
+        for bucket in self.buckets.values():
+            out += [f"  {line}" for line in bucket.lines()]
+        out += [f"  {problem}" for problem in self.problems]
+        slow = sum(bucket.path == NUTPIE for bucket in self.buckets.values())
         out.append("check: ok" if self.ok else
-                   f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.fallbacks)} compile problem(s)")
+                   f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.problems)} sweep problem(s), "
+                   f"{slow} structure(s) on nutpie's slower path")
         return out
-
-    def raise_if_blocking(self, config: Config) -> None:
-        """Fail the compile stage on object-mode or uncacheable ops unless the config allows them."""
-        if self.fallbacks and not config.allow_object_mode:
-            listing = "\n  ".join(str(f) for f in self.fallbacks)
-            raise ModelContractError(
-                f"the model does not compile fully to numba's nopython mode:\n  {listing}\n"
-                "These parts would run at Python speed and be recompiled in every process. "
-                f"To accept that anyway, set 'allow_object_mode: true' in {config.source}."
-            )
 
 
 def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
-    """Validate datasets (optionally) and find object-mode or uncacheable ops in the sampler functions."""
+    """Load and build every dataset (or only the reference), bucket the structures, find each one's path."""
     from batchfit.cache import open_cache
-    from batchfit.compile import compile_sampler_functions
-    from batchfit.fit import reference_model
-    from batchfit.nopython import fallbacks_in_function
+    from batchfit.fit import kept_variables, reference_model
+    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.variables import variable_roles
 
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
@@ -62,18 +91,112 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     ref = reference_model(config, paths)
     report = CheckReport(ref.dataset.id)
     report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
-    if datasets:
-        for dataset_id, path in paths.items():
-            try:
-                check_dataset(load_dataset(dataset_id, path, ref.coding), ref.requirements)
-            except BatchfitError as exc:
-                report.dataset_problems[dataset_id] = str(exc)
-    _, logp_fn, expand_fn = compile_sampler_functions(ref.model)
-    names = list(ref.model.named_vars)
-    seen = set()
-    for fn in (logp_fn, expand_fn):
-        for fallback in fallbacks_in_function(fn, variable_names=names):
-            if str(fallback) not in seen:
-                seen.add(str(fallback))
-                report.fallbacks.append(fallback)
+    try:
+        kept_variables(config, variable_roles(ref.model))
+    except BatchfitError as exc:
+        report.problems.append(str(exc))
+    module = load_model_file(config.model)
+    representatives: dict[str, Any] = {}
+    for dataset_id, path in (paths.items() if datasets else [(ref.dataset.id, ref.dataset.path)]):
+        try:
+            dataset = load_dataset(dataset_id, path, ref.coding)
+            dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
+                                                           **coerce_for_model(dataset, ref.requirements)})
+            model = build_model(module, dataset)
+        except BatchfitError as exc:
+            report.dataset_problems[dataset_id] = str(exc)
+            continue
+        structure = structure_of(model)
+        if structure not in report.buckets:
+            report.buckets[structure] = Bucket(structure)
+            representatives[structure] = model
+        report.buckets[structure].datasets.append(dataset_id)
+    reference_structure = structure_of(ref.model)
+    for structure, bucket in report.buckets.items():
+        if structure != reference_structure:
+            bucket.differences = structure_differences(ref.model, representatives[structure])
+        bucket.reasons = fast_path_problems(representatives[structure])
+        bucket.path = NUTPIE if bucket.reasons else CACHED
+    if len(report.buckets) > config.max_structures:
+        report.problems.append(
+            f"the datasets build {len(report.buckets)} model structures, more than max_structures: "
+            f"{config.max_structures}; the fit stage fails the datasets past it. A structure changes with "
+            "the data when build_model takes a size from the data as a Python int or bakes a value computed "
+            "from the data into the model (see 'differs' above): use dims= and pm.Data instead.")
     return report
+
+
+def fast_path_problems(model: Any) -> list[str]:
+    """Why batchfit's cached callbacks cannot take ``model`` (empty if they can).
+
+    Builds and compiles the structure's graphs in this process, as the compile stage does: an
+    op left in numba's object mode or one that cannot be disk-cached, or a graph batchfit
+    cannot turn into callbacks (a shared variable that is not ``pm.Data``).
+    """
+    from batchfit.graphs import SamplerGraphs, compile_sampler_functions
+    from batchfit.nopython import fallbacks_in_function
+
+    try:
+        graphs = SamplerGraphs.of(model)
+        _, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    except Exception as exc:  # noqa: BLE001 - any reason is a reason for nutpie's path
+        return [one_line(exc)]
+    names = list(model.named_vars)
+    found = [str(f) for fn in (logp_fn, expand_fn) for f in fallbacks_in_function(fn, variable_names=names)]
+    return list(dict.fromkeys(found))
+
+
+def structure_differences(reference: Any, model: Any) -> list[str]:
+    """How ``model``'s structure differs from the reference's: variables, data types, constants."""
+    from batchfit.fingerprint import graph_fingerprint
+    from batchfit.modelfile import requirements
+
+    out = []
+    ref_reqs, reqs = requirements(reference), requirements(model)
+    for name in sorted(set(ref_reqs) | set(reqs)):
+        if ref_reqs.get(name) != reqs.get(name):
+            out.append(f"pm.Data '{name}': {_req(reqs.get(name))} here, {_req(ref_reqs.get(name))} in the reference")
+    ref_vars, variables = _named_outputs(reference), _named_outputs(model)
+    for name in sorted(set(ref_vars) ^ set(variables)):
+        out.append(f"variable '{name}' exists only {'here' if name in variables else 'in the reference'}")
+    for name in sorted(set(ref_vars) & set(variables)):
+        if graph_fingerprint([ref_vars[name]]) != graph_fingerprint([variables[name]]):
+            constants = _differing_constants(ref_vars[name], variables[name])
+            out.append(f"variable '{name}': " + (", ".join(constants) if constants else "its graph differs"))
+    return out or ["the dispatched log density (e.g. a pm.CustomDist logp closing over a value from the data)"]
+
+
+def _named_outputs(model: Any) -> dict[str, Any]:
+    outputs = {v.name: v for v in [*model.free_RVs, *model.observed_RVs, *model.deterministics, *model.potentials]}
+    outputs.update({f"{rv.name} (observed value)": model.rvs_to_values[rv] for rv in model.observed_RVs})
+    return outputs
+
+
+def _differing_constants(a: Any, b: Any) -> list[str]:
+    """Constants at the same place in two graphs of one shape that hold different values."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+
+    consts_a = [v for v in graph_inputs([a]) if isinstance(v, Constant)]
+    consts_b = [v for v in graph_inputs([b]) if isinstance(v, Constant)]
+    if len(consts_a) != len(consts_b):
+        return []
+    found = []
+    for x, y in zip(consts_a, consts_b, strict=True):
+        vx, vy = np.asarray(x.data), np.asarray(y.data)
+        if vx.shape != vy.shape or not np.array_equal(vx, vy):
+            found.append(f"a constant is {_short(vy)} here but {_short(vx)} in the reference "
+                         "(a value computed from the data: pass it through pm.Data, or a size: use dims=)")
+    return found
+
+
+def _short(value: np.ndarray) -> str:
+    return repr(value.item()) if value.ndim == 0 else f"an array of shape {value.shape}"
+
+
+def _req(req: Any) -> str:
+    return "absent" if req is None else f"rank {req.ndim}, {req.dtype}"
+
+
+def _ids(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (f", ... ({len(ids) - 5} more)" if len(ids) > 5 else "")

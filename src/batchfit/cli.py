@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--cache-dir", help="the cache directory")
     cache.add_argument("--max-size", help="prune: keep the cache under this size (e.g. 2G)")
     cache.add_argument("--older-than", help="prune: remove what was unused this long (e.g. 30d)")
-    cache.add_argument("--repair", action="store_true", help="verify: remove damaged entries")
+    cache.add_argument("--repair", action="store_true", help="verify: remove damaged files (rebuilt when next needed)")
     cache.add_argument("--trust-shared", action="store_true",
                        help="use a cache directory that other users can write to")
     return parser
@@ -119,7 +119,7 @@ def _cache(args: argparse.Namespace) -> int:
         print("\n".join(cache_admin.cache_info(cache).lines()))
     elif args.action == "verify":
         problems = cache_admin.verify_cache(cache, repair=args.repair)
-        print("\n".join(problems) if problems else "cache verify: every entry is intact")
+        print("\n".join(problems) if problems else "cache verify: every entry and file is intact")
         return 1 if problems and not args.repair else 0
     elif args.action == "prune":
         if not (args.max_size or args.older_than):

@@ -26,31 +26,35 @@ from arviz_stats.base import array_stats
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path
-from batchfit.errors import BatchfitError, DatasetError
+from batchfit.config import SummarySettings
+from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.provenance import fit_digest
+from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 
 ENGINE = "netcdf4"
 SAMPLE_DIMS = ["chain", "draw"]
-SUMMARY_COLUMNS = [
-    "dataset", "parameter", "mean", "sd", "hdi_3%", "hdi_97%", "r_hat", "ess_bulk", "ess_tail",
-    "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
-]  # fmt: skip
+# summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
+ROW_COLUMNS = ["dataset", "parameter"]
+HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message"]
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 _MAX_IDS_IN_MESSAGE = 20
 
 
 class HealthThresholds(Protocol):
-    """What makes a fit a warning; `Config.health` (HealthSettings) satisfies this."""
+    """What makes a fit a warning, checked on which variables; `Config.health` (HealthSettings) satisfies this."""
 
     max_r_hat: float
     min_ess_bulk: float
     max_divergences: int
+    var_names: tuple[str, ...] | None
+    filter_vars: str | None
 
 
 class CollectConfig(Protocol):
     """The parts of `batchfit.config.Config` that `collect` reads."""
 
     health: HealthThresholds
+    summary: SummarySettings
 
     def fit_path(self, dataset_id: str) -> Path: ...
 
@@ -113,6 +117,7 @@ def collect(
         summary_path=config.summary_path,
         failures_csv_path=config.failures_csv_path,
         thresholds=config.health,
+        summary=config.summary,
         expected_provenance=expected_provenance,
     )
 
@@ -126,9 +131,13 @@ def collect_fits(
     summary_path: Path,
     failures_csv_path: Path,
     thresholds: HealthThresholds,
+    summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
 ) -> CollectReport:
     """Write posteriors.nc, summary.csv and failures.csv for `dataset_ids`, in that order.
+
+    posteriors.nc and summary.csv hold the variables `summary` selects; the status is scored on
+    those `thresholds` selects (see `batchfit.variables`).
 
     Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
     record (the fit stage has not run for it), has both (one of them is stale), or, given
@@ -140,7 +149,9 @@ def collect_fits(
         _check_provenance(fitted, fit_path, expected_provenance)
     failures = [read_failure(dataset_id, failure_path(dataset_id)) for dataset_id in failed]
 
-    rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record) for record in failures}
+    summary = summary or SummarySettings()
+    columns = summary_columns(summary)
+    rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record, columns) for record in failures}
     statuses: dict[str, str] = {}
     root_attrs = {
         "batchfit_version": __version__,
@@ -151,13 +162,15 @@ def collect_fits(
         for dataset_id in fitted:
             path = Path(fit_path(dataset_id))
             posterior, divergences = read_fit(dataset_id, path)
-            add_group(dataset_id, posterior)
-            table = summarise_posterior(posterior, dataset_id, path)
-            health = _health(table, divergences, thresholds)
+            summarised = _selected(posterior, summary, "summary", dataset_id, path)
+            scored = _selected(posterior, thresholds, "health", dataset_id, path)
+            add_group(dataset_id, posterior[summarised])
+            table = summarise_posterior(posterior, dataset_id, path, summary, [*summarised, *scored])
+            health = _health(table[table["variable"].isin(scored)], divergences, thresholds)
             statuses[dataset_id] = health["status"]
-            rows[dataset_id] = _summary_rows(dataset_id, table, health)
+            rows[dataset_id] = _summary_rows(dataset_id, table[table["variable"].isin(summarised)], health, columns)
 
-    _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids]), summary_path)
+    _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids], columns), summary_path)
     _write_csv(pd.DataFrame(failures, columns=FAILURE_COLUMNS), failures_csv_path)
 
     return CollectReport(
@@ -181,50 +194,98 @@ def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, An
     fit_path = Path(fit_path)
     dataset_id = fit_path.stem
     posterior, divergences = read_fit(dataset_id, fit_path)
-    return _health(summarise_posterior(posterior, dataset_id, fit_path), divergences, thresholds)
+    scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
+    return _health(summarise_posterior(posterior, dataset_id, fit_path, names=scored), divergences, thresholds)
 
 
-def summarise_posterior(posterior: xr.Dataset, dataset_id: str, path: Path) -> pd.DataFrame:
-    """ArviZ-style summary of every posterior element, indexed by label (``a[store_3]``).
+def summary_columns(summary: SummarySettings) -> list[str]:
+    """summary.csv's columns; the interval's are named as ArviZ names them (``hdi89_lb``, ``hdi89_ub``)."""
+    return [*ROW_COLUMNS, *stat_columns(summary), *HEALTH_COLUMNS]
 
-    Columns: mean, sd, hdi_3%, hdi_97% (94% HDI), r_hat, ess_bulk, ess_tail, unrounded, with
-    ArviZ's definitions (``arviz_stats`` array functions, ess_tail at ArviZ's ``stats.ci_prob``).
-    All elements are stacked and summarised in one vectorised pass: ``arviz_stats.summary``
-    takes ~3x longer per dataset, which adds up over thousands of datasets.
+
+def stat_columns(summary: SummarySettings) -> list[str]:
+    """The statistics of `summarise_posterior`, in the order of ``arviz_stats.summary(kind="all")``."""
+    prefix = f"{summary.ci_kind}{int(_ci_prob(summary) * 100)}"  # ArviZ truncates: 0.945 -> 94
+    return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub", "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
+
+
+def _ci_prob(summary: SummarySettings) -> float:
+    return rcParams["stats.ci_prob"] if summary.ci_prob is None else summary.ci_prob
+
+
+def summarise_posterior(
+    posterior: xr.Dataset, dataset_id: str, path: Path, summary: SummarySettings | None = None,
+    names: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """ArviZ's summary of every element of the variables `names` (default all), indexed by label (``a[store_3]``).
+
+    Columns: `stat_columns` (unrounded, as ``arviz_stats.summary(kind="all")`` computes them with
+    ``ci_kind``/``ci_prob`` from `summary`; ess_tail at ArviZ's ``stats.ci_prob``, as there), and
+    ``variable``, the variable each row belongs to. All elements are stacked and summarised
+    in one vectorised pass with arviz_stats' array functions, instead of one pass per variable.
     """
+    summary = summary or SummarySettings()
+    wanted = set(posterior.data_vars if names is None else names)
+    names = [name for name in posterior.data_vars if name in wanted]
+    if not names:
+        return pd.DataFrame(columns=[*stat_columns(summary), "variable"], dtype=float)
     try:
-        labels, draws = _stack_elements(posterior)
+        labels, owners, draws = _stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
+        interval = array_stats.eti if summary.ci_kind == "eti" else array_stats.hdi
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
-            hdi = array_stats.hdi(flat, 0.94, axis=-1)
-            table = pd.DataFrame({
-                "mean": flat.mean(axis=-1),
-                "sd": flat.std(axis=-1, ddof=1),
-                "hdi_3%": hdi[..., 0],
-                "hdi_97%": hdi[..., 1],
-                "r_hat": array_stats.rhat(draws),
-                "ess_bulk": array_stats.ess(draws, method="bulk"),
-                "ess_tail": array_stats.ess(draws, method="tail", prob=rcParams["stats.ci_prob"]),
-            }, index=labels)
+            bounds = interval(flat, _ci_prob(summary), axis=-1)
+            values = [
+                flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
+                array_stats.ess(draws, method="bulk"),
+                array_stats.ess(draws, method="tail", prob=rcParams["stats.ci_prob"]),
+                array_stats.rhat(draws),
+                array_stats.mcse(draws, method="mean"),
+                array_stats.mcse(draws, method="sd"),
+            ]
+        table = pd.DataFrame(dict(zip(stat_columns(summary), values, strict=True)), index=labels)
     except Exception as exc:
         raise DatasetError(f"cannot summarise the posterior: {exc}", dataset=dataset_id, path=path) from exc
+    table["variable"] = owners
     return table
 
 
-def _stack_elements(posterior: xr.Dataset) -> tuple[list[str], np.ndarray]:
-    """Every scalar element of every variable: labels and draws shaped (element, chain, draw)."""
+def _stack_elements(posterior: xr.Dataset) -> tuple[list[str], list[str], np.ndarray]:
+    """Every scalar element of every variable: labels, variable names and draws shaped (element, chain, draw)."""
     labels: list[str] = []
+    owners: list[str] = []
     blocks = []
     for name, var in posterior.data_vars.items():
         dims = [d for d in var.dims if d not in SAMPLE_DIMS]
         values = var.transpose(*SAMPLE_DIMS, *dims).values
         blocks.append(np.moveaxis(values.reshape(*values.shape[:2], -1), -1, 0).astype(float))
+        owners += [str(name)] * blocks[-1].shape[0]
         if not dims:
             labels.append(str(name))
             continue
         coords = [posterior[d].values if d in posterior.coords else range(posterior.sizes[d]) for d in dims]
         labels += [f"{name}[{', '.join(map(str, combo))}]" for combo in itertools.product(*coords)]
-    return labels, np.concatenate(blocks, axis=0)
+    return labels, owners, np.concatenate(blocks, axis=0)
+
+
+def _selected(
+    posterior: xr.Dataset, settings: HealthThresholds | SummarySettings, key: str, dataset_id: str, path: Path
+) -> list[str]:
+    """The variables of a fit that the `summary` or `health` settings select.
+
+    Default (no `var_names`): for `summary` all but observation-sized deterministics, for
+    `health` the free parameters, by the role each fit records (a variable without one, from a
+    fit not written by batchfit, counts as a free parameter).
+    """
+    if settings.var_names is None:
+        roles = {name: var.attrs.get(ROLE_ATTR, FREE) for name, var in posterior.data_vars.items()}
+        if key == "health":
+            return [name for name, role in roles.items() if role == FREE]
+        return [name for name, role in roles.items() if role != OBSERVATION_SIZED]
+    try:
+        return select_vars([str(name) for name in posterior.data_vars], settings.var_names, settings.filter_vars)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}, in the fit of dataset '{dataset_id}' ({path})", key=f"{key}.var_names") from None
 
 
 def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
@@ -363,25 +424,27 @@ def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: pd.Series) -> float
     return float(reduce(finite)) if finite.size else math.nan
 
 
-def _summary_rows(dataset_id: str, table: pd.DataFrame, health: dict[str, Any]) -> pd.DataFrame:
+def _summary_rows(
+    dataset_id: str, table: pd.DataFrame, health: dict[str, Any], columns: list[str]
+) -> pd.DataFrame:
     """summary.csv rows for one fitted dataset."""
     rows = table.rename_axis("parameter").reset_index()
     rows.insert(0, "dataset", dataset_id)
     for key in ("divergences", "max_r_hat", "min_ess_bulk", "status"):
         rows[key] = health[key]
     rows["message"] = ""
-    return rows[SUMMARY_COLUMNS]
+    return rows[columns]
 
 
-def _failure_rows(record: dict[str, str]) -> pd.DataFrame:
+def _failure_rows(record: dict[str, str], columns: list[str]) -> pd.DataFrame:
     """The single summary.csv row for a failed dataset."""
     row = {"dataset": record["dataset"], "parameter": "", "status": "failed", "message": record["message"]}
-    return pd.DataFrame([row], columns=SUMMARY_COLUMNS)
+    return pd.DataFrame([row], columns=columns)
 
 
-def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     """One summary table; divergences as nullable ints so failed rows write an empty cell."""
-    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SUMMARY_COLUMNS)
+    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
     return table.astype({"divergences": "Int64"})
 
 

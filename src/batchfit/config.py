@@ -43,19 +43,46 @@ class SamplerSettings:
 
 @dataclass(frozen=True)
 class OutputSettings:
-    """Optional groups stored with each fit."""
+    """What each fit file holds: optional groups, and which posterior variables are kept.
+
+    Everything here shapes the fit file, so it is part of every fit's provenance digest.
+    `var_names`/`filter_vars` select posterior variables as ArviZ does (None: every free
+    parameter and deterministic), see `batchfit.variables.select_vars`.
+    """
 
     log_likelihood: bool
     posterior_predictive: bool
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
 
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """Thresholds a fit must meet to count as healthy."""
+    """Thresholds a fit must meet to count as healthy, and the variables they are checked on.
+
+    `var_names` None: the free parameters. Read by collect only, so not in the provenance digest.
+    """
 
     max_r_hat: float
     min_ess_bulk: float
     max_divergences: int
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """Which kept variables summary.csv and posteriors.nc hold, and the credible interval.
+
+    `var_names` None: all but observation-sized deterministics. `ci_prob` None: ArviZ's
+    ``stats.ci_prob``. Read by collect only, so not in the provenance digest: changing them
+    refits nothing.
+    """
+
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
+    ci_prob: float | None = None
+    ci_kind: str = "hdi"
 
 
 @dataclass(frozen=True)
@@ -94,10 +121,11 @@ class Config:
     on_error: str
     outputs: OutputSettings
     health: HealthSettings
-    allow_object_mode: bool
+    max_structures: int
     cache: CacheSettings
     source: str
     columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
+    summary: SummarySettings = field(default_factory=SummarySettings)
 
     def fit_path(self, dataset_id: str) -> Path:
         """Where the posterior of one dataset is written."""
@@ -260,13 +288,20 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "outputs": {
             "log_likelihood": config.outputs.log_likelihood,
             "posterior_predictive": config.outputs.posterior_predictive,
+            **_selection_to_dict(config.outputs),
         },
         "health": {
             "max_r_hat": config.health.max_r_hat,
             "min_ess_bulk": config.health.min_ess_bulk,
             "max_divergences": config.health.max_divergences,
+            **_selection_to_dict(config.health),
         },
-        "allow_object_mode": config.allow_object_mode,
+        "summary": {
+            **_selection_to_dict(config.summary),
+            "ci_prob": config.summary.ci_prob,
+            "ci_kind": config.summary.ci_kind,
+        },
+        "max_structures": config.max_structures,
         "cache": {
             "lock_timeout": config.cache.lock_timeout,
             "trust_shared": config.cache.trust_shared,
@@ -274,6 +309,19 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         },
         "columns": {name: _column_to_dict(c) for name, c in config.columns.items()},
     }
+
+
+def _selection_to_dict(settings: OutputSettings | HealthSettings | SummarySettings) -> dict[str, Any]:
+    """The `var_names`/`filter_vars` keys of a section as written in a config file."""
+    names = settings.var_names
+    return {"var_names": None if names is None else list(names), "filter_vars": settings.filter_vars}
+
+
+def _var_names(value: str | list[str] | None) -> tuple[str, ...] | None:
+    """`var_names` as a tuple; a single name may be given as a string, as in ArviZ."""
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
@@ -285,7 +333,7 @@ def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
 
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`."""
-    s, o, h, c = d["sampler"], d["outputs"], d["health"], d["cache"]
+    s, o, h, c, m = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"]
     return Config(
         model=Path(d["model"]),
         datasets=tuple(d["datasets"]),
@@ -301,14 +349,23 @@ def _build(d: dict[str, Any], source: str) -> Config:
         results_dir=Path(d["results_dir"]),
         on_error=d["on_error"],
         outputs=OutputSettings(
-            log_likelihood=o["log_likelihood"], posterior_predictive=o["posterior_predictive"]
+            log_likelihood=o["log_likelihood"], posterior_predictive=o["posterior_predictive"],
+            var_names=_var_names(o["var_names"]), filter_vars=o["filter_vars"],
         ),
         health=HealthSettings(
             max_r_hat=float(h["max_r_hat"]),
             min_ess_bulk=float(h["min_ess_bulk"]),
             max_divergences=int(h["max_divergences"]),
+            var_names=_var_names(h["var_names"]),
+            filter_vars=h["filter_vars"],
         ),
-        allow_object_mode=d["allow_object_mode"],
+        summary=SummarySettings(
+            var_names=_var_names(m["var_names"]),
+            filter_vars=m["filter_vars"],
+            ci_prob=None if m["ci_prob"] is None else float(m["ci_prob"]),
+            ci_kind=m["ci_kind"],
+        ),
+        max_structures=d["max_structures"],
         cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"],
                             cpu_target=c["cpu_target"]),
         source=source,
@@ -346,6 +403,7 @@ _TYPE_NAMES = {
     "boolean": "true or false",
     "object": "a mapping of keys to values",
     "array": "a list",
+    "null": "null",
 }
 
 _BOUNDS = {
@@ -361,16 +419,18 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
     key = _key_path(error.absolute_path)
     kind, expected, value = error.validator, error.validator_value, error.instance
     if kind == "type":
-        yield key, f"must be {_TYPE_NAMES.get(expected, expected)}, got {_describe(value)}"
+        names = [expected] if isinstance(expected, str) else expected
+        yield key, f"must be {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_describe(value)}"
     elif kind in _BOUNDS:
         yield key, f"must be {_BOUNDS[kind]} {expected}, got {_describe(value)}"
     elif kind == "enum":
-        allowed = ", ".join(repr(v) for v in expected)
+        allowed = ", ".join("null" if v is None else repr(v) for v in expected)
         yield key, f"must be one of {allowed}, got {_describe(value)}"
     elif kind == "minLength":
         yield key, "must not be empty"
     elif kind == "minItems":
-        yield key, f"must list at least {expected} entry (a file or glob pattern), got an empty list"
+        what = " (a file or glob pattern)" if key == "datasets" else ""
+        yield key, f"must list at least {expected} entry{what}, got an empty list"
     elif kind == "required":
         for name in expected:
             if name not in value:

@@ -55,3 +55,9 @@ class ModelContractError(BatchfitError):
 
 class CacheError(BatchfitError):
     """The compiled-function cache directory cannot be used safely."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line, without the native stack trace nutpie appends to its errors."""
+    text = str(exc).split("Stack backtrace:")[0]
+    return " ".join(text.split()) or type(exc).__name__

@@ -27,6 +27,13 @@ class ExtraGroups:
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
         self._predict = _predictive_function(template) if outputs.posterior_predictive else None
+        # numba loads (or compiles) the machine code at the first call: make that happen here,
+        # once, where a damaged cache file is healed and retried, not in every dataset's fit.
+        functions = [f for f in (self._loglik, self._predict) if f is not None]
+        if functions:
+            point = _initial_point(template)
+            for fn, names in functions:
+                fn(*(point[name] for name in names))
 
     def compute(self, model: Any, tree: Any, seed: int) -> dict[str, Any]:
         """Groups for one sampled dataset (whose values are loaded in the template)."""
@@ -53,17 +60,25 @@ def warm_extras(template: Any) -> None:
     JIT-compiling it in-process, so their results do not depend on which process compiled.
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """
-    from pymc.initial_point import make_initial_point_fn
-
     import batchfit.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
-    point = make_initial_point_fn(model=template, return_transformed=False)(0)
+    point = _initial_point(template)
     for make in (_loglik_function, _predictive_function):
         try:
             fn, names = make(template)
             fn(*(point[name] for name in names))
         except Exception as exc:  # noqa: BLE001 - reported when a fit asks for this output
             log.info("not pre-compiling %s: %s", make.__name__.strip("_"), exc)
+
+
+def _initial_point(template: Any) -> dict[str, np.ndarray]:
+    """The template's initial values of the free variables (evaluated by PyTensor's Python backend:
+    it is needed once, so it is not worth compiling)."""
+    import pytensor
+    from pymc.initial_point import make_initial_point_fn
+
+    with pytensor.config.change_flags(mode="FAST_COMPILE"):
+        return make_initial_point_fn(model=template, return_transformed=False)(0)
 
 
 def _loglik_function(template: Any) -> tuple[Any, list[str]]:

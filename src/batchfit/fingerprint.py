@@ -1,6 +1,6 @@
 """Content addresses for compiled code: a model's graphs plus the compiling environment.
 
-A cache key (``batchfit.compile.sampler_key``) combines
+A cache key (``batchfit.graphs.sampler_key``) combines
 
 * the model's generative graph (:func:`model_fingerprint`: operations, constants, transforms,
   the ranks and dtypes of every ``pm.Data``, and the log densities registered by dispatch for

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,21 +24,21 @@ from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
 from batchfit.coding import Coding, sweep_coding
-from batchfit.compile import CompiledModel, ModelSource, compile_model
 from batchfit.compat import wait_for_sampler_threads
+from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, ModelContractError
-from batchfit.extras import ExtraGroups
+from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
 from batchfit.modelfile import (
     build_model,
-    describe_difference,
     file_hash,
     load_model_file,
     observed_and_constant_data,
     requirements,
 )
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
+from batchfit.structures import Structure, Structures
+from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
 log = logging.getLogger("batchfit")
 
@@ -85,16 +85,17 @@ def reference_model(config: Config, paths: dict[str, Path]) -> Reference:
     raise ModelContractError("no dataset could be loaded and built into a model:\n  " + "\n  ".join(errors))
 
 
-def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference, CompiledModel]:
-    """Open the cache, find datasets, build the reference model and load or compile it."""
+def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference]:
+    """Open the cache, find datasets and build the reference model."""
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     paths = discover_datasets(config)
-    ref = reference_model(config, paths)
-    source = ModelSource(Path(config.model).resolve(), ref.dataset.id, Path(ref.dataset.path).resolve(),
-                         ref.coding.for_dataset(ref.dataset.id))
-    compiled = compile_model(ref.model, cache, source=source, lock_timeout=config.cache.lock_timeout)
-    log.info("compile: %s", compiled.report.line())
-    return cache, paths, ref, compiled
+    return cache, paths, reference_model(config, paths)
+
+
+def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
+    """How a compile worker rebuilds the model of ``dataset``."""
+    return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
+                       coding.for_dataset(dataset.id))
 
 
 @dataclass
@@ -123,29 +124,35 @@ class BatchReport:
 
 
 class Fitter:
-    """Fits datasets of one model structure with one compiled model."""
+    """Fits datasets of one model file: one compile per structure, then only sampling."""
 
-    def __init__(self, config: Config, ref: Reference, compiled: CompiledModel):
+    def __init__(self, config: Config, ref: Reference, cache: CacheDir):
         self.config = config
         self.ref = ref
-        self.compiled = compiled
         self.module = load_model_file(config.model)
         self.model_hash = file_hash(config.model)
         self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
-        self.extras = ExtraGroups(ref.model, config.outputs)
+        self.structures = Structures(config, cache)
+        self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
+        self.kept = kept_variables(config, self.roles)
+        self.reference = self.structures.for_model(ref.model, model_source(config, ref.dataset, ref.coding))
+
+    @property
+    def compile_line(self) -> str:
+        """How the reference structure was obtained, for the job's log and manifest."""
+        if self.reference.compiled is not None:
+            return self.reference.compiled.report.line()
+        return f"nutpie's own compile for structure {self.reference.id[:12]} ({self.reference.reason})"
 
     def build(self, dataset: Dataset) -> Any:
-        """Check ``dataset`` against the reference, cast it to the reference dtypes, build its model."""
+        """Cast ``dataset`` to the reference dtypes and build its model."""
         coerced = coerce_for_model(dataset, self.ref.requirements)
         dataset = dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
-        model = build_model(self.module, dataset)
-        if not self.compiled.matches(model):
-            difference = describe_difference(self.ref.model, model, dataset, self.ref.dataset.id)
-            raise ModelContractError(
-                f"the model built for dataset '{dataset.id}' ({dataset.path}) does not have the same "
-                f"structure as the one compiled: {difference}"
-            )
-        return model
+        return build_model(self.module, dataset)
+
+    def structure(self, model: Any, dataset: Dataset) -> Structure:
+        """The compiled structure for ``model`` (compiled now if this job has not met it)."""
+        return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding))
 
     def provenance(self, dataset_id: str, data_path: Path) -> Provenance:
         """What a fit of this dataset records: hashed before the file is loaded, so a file
@@ -153,15 +160,16 @@ class Fitter:
         return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
                                   self.ref.coding.for_dataset(dataset_id))
 
-    def sample(self, model: Any, dataset: Dataset, *, threads: int, provenance: Provenance) -> Any:
-        """Sample one dataset's posterior with the compiled callbacks; return its DataTree."""
+    def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
+               provenance: Provenance) -> Any:
+        """Sample one dataset's posterior with its structure's compiled model; return its DataTree."""
         import nutpie
 
         s = self.config.sampler
         seed = dataset_seed(s.seed, dataset.id)
         try:
             tree = nutpie.sample(
-                self.compiled.sampler_for(model), draws=s.draws, tune=s.tune, chains=s.chains,
+                structure.sampler_model(model), draws=s.draws, tune=s.tune, chains=s.chains,
                 cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
                 progress_bar=False, save_warmup=False,
             )
@@ -169,16 +177,18 @@ class Fitter:
             if not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
                 log.warning("nutpie's chain threads did not end within a minute after %s failed", dataset.id)
             raise
-        return self.finish(tree, model, dataset, seed, provenance)
+        return self.finish(tree, model, dataset, structure, seed, provenance)
 
-    def finish(self, tree: Any, model: Any, dataset: Dataset, seed: int, provenance: Provenance) -> Any:
+    def finish(self, tree: Any, model: Any, dataset: Dataset, structure: Structure, seed: int,
+               provenance: Provenance) -> Any:
         """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
         import xarray as xr
 
         observed, constant = observed_and_constant_data(model)
         groups = {"observed_data": _dataset(observed, model, dataset),
                   "constant_data": _dataset(constant, model, dataset)}
-        groups.update(self.extras.compute(model, tree, seed))
+        groups.update(structure.extras.compute(model, tree, seed))  # before dropping: extras may read any variable
+        groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({
@@ -187,10 +197,31 @@ class Fitter:
             "source": str(dataset.path),
             "model_file": str(self.config.model),
             "seed": seed,
-            "compile_key": self.compiled.key,
+            "compile_key": structure.key,
+            "structure": structure.id,
+            "sampler_path": structure.path,
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
+
+
+def kept_variables(config: Config, roles: Mapping[str, str]) -> list[str]:
+    """The posterior variables each fit keeps (`outputs.var_names`); a name the model lacks is a ConfigError."""
+    o = config.outputs
+    try:
+        return select_vars(list(roles), o.var_names, o.filter_vars)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} in the model of {config.model}", key="outputs.var_names",
+                          source=config.source) from None
+
+
+def _kept_posterior(posterior: Any, kept: Sequence[str], roles: Mapping[str, str]) -> Any:
+    """The kept variables of a sampled posterior, each with its role (`batchfit.variables`) as attribute."""
+    wanted = set(kept)
+    posterior = posterior[[name for name in posterior.data_vars if name in wanted]]
+    for name, var in posterior.data_vars.items():
+        var.attrs[ROLE_ATTR] = roles[name]
+    return posterior
 
 
 def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any, dataset: Dataset) -> Any:
@@ -233,13 +264,14 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     With ``on_error: stop`` the first failure is raised after the manifest is written; with
     ``continue`` it is recorded and the batch goes on. Already written fits are never removed.
     """
-    cache, paths, ref, compiled = prepare(config)
-    fitter = Fitter(config, ref, compiled)
+    cache, paths, ref = prepare(config)
+    fitter = Fitter(config, ref, cache)
+    log.info("compile: %s", fitter.compile_line)
     owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
     stale = remove_stale_temporaries(owned)
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
-    report = BatchReport(batch_id, compiled.report.line())
+    report = BatchReport(batch_id, fitter.compile_line)
     try:
         for dataset_id in dataset_ids:
             outcome = fit_one(fitter, dataset_id, paths, threads=threads)
@@ -265,8 +297,10 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
         dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
         stage = "build"
         model = fitter.build(dataset)
+        stage = "compile"
+        structure = fitter.structure(model, dataset)
         stage = "sample"
-        tree = fitter.sample(model, dataset, threads=threads, provenance=provenance)
+        tree = fitter.sample(model, dataset, structure, threads=threads, provenance=provenance)
         stage = "write"
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
@@ -286,12 +320,6 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
         return outcome
     config.failure_path(dataset_id).unlink(missing_ok=True)
     return Outcome(dataset_id, "ok", time.perf_counter() - start)
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line, without the native stack trace nutpie appends to its errors."""
-    text = str(exc).split("Stack backtrace:")[0]
-    return " ".join(text.split()) or type(exc).__name__
 
 
 def _hint(message: str) -> str:

@@ -98,7 +98,11 @@ def requirements(model: Any) -> dict[str, DataRequirement]:
 
 
 def check_containers(model: Any, dataset: Dataset) -> None:
-    """Every ``pm.Data`` must be a column; no column may be baked into the graph as a constant."""
+    """Every ``pm.Data`` must be a column; no column may be baked into the graph as a constant.
+
+    Every baked-in column is named at once, each with the model variable using it and a fix
+    that works as written (a ``pm.Data`` may not share a dimension's name).
+    """
     missing = [name for name in data_containers(model) if name not in dataset]
     if missing:
         raise ModelContractError(
@@ -108,17 +112,29 @@ def check_containers(model: Any, dataset: Dataset) -> None:
         )
     baked = baked_in_columns(model, dataset)
     if baked:
-        col, var = baked[0]
+        listing = "; ".join(f"column '{col}' (used by model variable '{var}'): {data_fix(model, col)}"
+                            for col, var in baked)
         raise ModelContractError(
-            f"column '{col}' of dataset '{dataset.id}' is baked into the model as a constant "
-            f"(used by model variable '{var}') instead of entering through pm.Data, so every "
-            "dataset would silently reuse the first dataset's values. Fix: in build_model write "
-            f"pm.Data('{col}', data['{col}']) and use that."
+            f"{len(baked)} column(s) of dataset '{dataset.id}' are baked into the model as constants instead "
+            "of entering through pm.Data, so every dataset would silently reuse the first dataset's values: "
+            f"{listing}"
         )
 
 
+def data_fix(model: Any, column: str) -> str:
+    """How to pass ``column`` through pm.Data, renaming a dimension of the same name if there is one."""
+    fix = f"in build_model write pm.Data('{column}', data['{column}']) and use that"
+    if column in model.coords:
+        fix += (f", and rename the dimension '{column}' (e.g. coords={{'{column}_levels': ...}} and "
+                f"dims='{column}_levels'): a pm.Data may not share a dimension's name")
+    return fix
+
+
 def baked_in_columns(model: Any, dataset: Dataset) -> list[tuple[str, str]]:
-    """Columns whose values appear as constants in the model graph, with a variable using them."""
+    """Columns whose values appear as constants in the model graph, with a variable using them.
+
+    Observed values count too: ``observed=data['y']`` bakes the column in like any constant.
+    """
     from pytensor.graph.basic import Constant
     from pytensor.graph.traversal import graph_inputs
 
@@ -127,36 +143,19 @@ def baked_in_columns(model: Any, dataset: Dataset) -> list[tuple[str, str]]:
                if name not in containers and np.ndim(arr) >= 1 and np.size(arr) > 1}
     if not columns:
         return []
-    outputs = [*model.free_RVs, *model.observed_RVs, *model.deterministics, *model.potentials]
-    found = []
-    for out in outputs:
+    outputs = {out.name: out for out in [*model.free_RVs, *model.deterministics, *model.potentials]}
+    outputs.update({rv.name: model.rvs_to_values[rv] for rv in model.observed_RVs})
+    outputs.update({f"{rv.name} (its distribution)": rv for rv in model.observed_RVs})
+    found: dict[str, str] = {}
+    for label, out in outputs.items():
         for var in graph_inputs([out]):
             if not isinstance(var, Constant) or np.ndim(var.data) == 0:
                 continue
             data = np.asarray(var.data)
             for name, col in columns.items():
-                if data.shape == col.shape and np.array_equal(data, col):
-                    found.append((name, out.name))
-    return found
-
-
-def describe_difference(template: Any, model: Any, dataset: Dataset, template_id: str) -> str:
-    """Explain why ``model`` (for ``dataset``) does not share the template's structure."""
-    expected = requirements(template)
-    for name, req in requirements(model).items():
-        want = expected.get(name)
-        if want is None:
-            return f"it has a pm.Data container '{name}' that the model built for '{template_id}' lacks"
-        if want.ndim != req.ndim:
-            return (f"pm.Data '{name}' has rank {req.ndim} here but {want.ndim} for dataset "
-                    f"'{template_id}'; every dataset must give column '{name}' the same rank")
-        if want.dtype != req.dtype:
-            return (f"pm.Data '{name}' has dtype {req.dtype} here but {want.dtype} for dataset "
-                    f"'{template_id}'; fix the column's type in the data or cast it in build_model, "
-                    f"e.g. pm.Data('{name}', data['{name}'].astype('{want.dtype}'))")
-    return ("its graph differs from the one built for dataset "
-            f"'{template_id}' (a value that varies between datasets is probably a Python constant "
-            "rather than pm.Data, or build_model branches on the data)")
+                if name not in found and data.shape == col.shape and np.array_equal(data, col):
+                    found[name] = label
+    return list(found.items())
 
 
 def observed_and_constant_data(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -134,37 +134,39 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
 
 
 def run_compile(config: Config) -> dict[str, Any]:
-    """Fill the cache ahead of the fit jobs (and check the model compiles in nopython mode)."""
-    from batchfit.check import check_model
-    from batchfit.fit import prepare
+    """Fill the cache ahead of the fit jobs with the reference dataset's structure.
 
-    report = check_model(config, datasets=False)
-    report.raise_if_blocking(config)
-    _, _, ref, compiled = prepare(config)
-    stamp = {"key": compiled.key, "reference_dataset": ref.dataset.id, "line": compiled.report.line(),
-             "compile_seconds": compiled.report.compile_seconds, "hit": compiled.report.hit,
-             "reference_fit": measure_fit(config, ref, compiled)}
-    return stamp
+    A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
+    own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
+    """
+    from batchfit.fit import Fitter, prepare
+
+    cache, _, ref = prepare(config)
+    fitter = Fitter(config, ref, cache)
+    structure = fitter.reference
+    return {"key": structure.key, "structure": structure.id, "path": structure.path,
+            "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
+            "reference_fit": measure_fit(config, fitter)}
 
 
-def measure_fit(config: Config, ref: Any, compiled: Any) -> dict[str, Any] | None:
+def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
     """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
 
-    One thread and the compiling process's memory: both err on the large side for a fit job.
-    None when the fit fails: that dataset's own fit job records the failure, and the jobs get
-    default resources.
+    ``fitter`` holds the reference structure, just compiled. One thread and the compiling
+    process's memory: both err on the large side for a fit job. None when the fit fails: that
+    dataset's own fit job records the failure, and the jobs get default resources.
     """
     import resource
 
-    from batchfit.fit import Fitter, one_line
+    from batchfit.fit import one_line
 
-    fitter = Fitter(config, ref, compiled)
+    ref = fitter.ref.dataset
     start = time.perf_counter()
     try:
-        fitter.sample(fitter.build(ref.dataset), ref.dataset, threads=1,
-                      provenance=fitter.provenance(ref.dataset.id, ref.dataset.path))
+        fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
+                      provenance=fitter.provenance(ref.id, ref.path))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
-        log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.dataset.id,
+        log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.id,
                     one_line(exc))
         return None
     seconds = time.perf_counter() - start
@@ -202,7 +204,7 @@ def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attem
 def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
-    Named by the model file's content, the check setting, the CPU target and the library versions, so a sweep
+    Named by the model file's content, the CPU target and the library versions, so a sweep
     whose results were deleted (or a second sweep of the same model) finds the cache already
     filled and Snakemake skips the compile job; a changed model or an upgrade compiles again.
     """
@@ -211,7 +213,7 @@ def compile_stamp_path(config: Config) -> Path:
     from batchfit import __version__
     from batchfit.fingerprint import LIBRARIES
 
-    parts = [Path(config.model).read_bytes(), str(config.allow_object_mode).encode(), __version__.encode(),
+    parts = [Path(config.model).read_bytes(), __version__.encode(),
              config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]

@@ -118,6 +118,15 @@ def dataset_provenance(
     return Provenance({**sweep, "dataset": dataset_id, "data_sha256": data_sha256, "coding": dict(coding)})
 
 
+def expected_provenance(config: Config, dataset_id: str, data_path: str | Path) -> Provenance:
+    """What a fit of ``dataset_id`` made now with ``config`` records (data hashed afresh)."""
+    from batchfit.coding import sweep_coding
+    from batchfit.data import discover_datasets
+
+    coding = sweep_coding(config, discover_datasets(config)).for_dataset(dataset_id)
+    return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), coding)
+
+
 def expected_digests(config: Config, datasets: Mapping[str, Path]) -> dict[str, str]:
     """Every dataset's expected digest, hashing only data files that changed since the last call."""
     from batchfit.coding import sweep_coding

@@ -1,0 +1,181 @@
+"""nutpie's two C callbacks, generated as source and compiled (or loaded) by numba.
+
+nutpie drives the sampler through ``logp`` (log density and gradient) and ``expand`` (the
+draw's full set of variables). nutpie's own callbacks close over the data arrays and the
+compiled PyTensor function, which numba refuses to cache. batchfit generates its own instead,
+whose only inputs are nutpie's arguments and a *user-data record*: an int64 array holding the
+number of parameters, the number of expanded values, and for each data input its address and
+shape. Nothing dataset-specific is compiled in, so the callbacks are cached by numba under a
+content key, and one compiled pair serves every dataset of the same structure, whatever its
+lengths: datasets differ only in the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from batchfit.cache import CacheDir
+from batchfit.compat import load_cached_cfunc, register_cache_locator
+
+HEADER = 2  # record[0] = number of parameters, record[1] = number of expanded values
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One data input of the compiled functions: a ``pm.Data`` container or a dimension length."""
+
+    kind: str  # "data", "dim", or "shape" (the runtime shape of a free parameter)
+    name: str
+    ndim: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class WrapperSpec:
+    """What the generated callbacks read from the user-data record, in the compiled argument order."""
+
+    logp: tuple[Slot, ...]
+    expand: tuple[Slot, ...]
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """Every slot once, in record order."""
+        return tuple(dict.fromkeys((*self.logp, *self.expand)))
+
+    def offsets(self) -> dict[Slot, int]:
+        """Position of each slot's address in the record; its shape follows."""
+        offsets, pos = {}, HEADER
+        for slot in self.slots:
+            offsets[slot] = pos
+            pos += 1 + slot.ndim
+        return offsets
+
+    def record_length(self) -> int:
+        return HEADER + sum(1 + s.ndim for s in self.slots)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: [dataclasses.asdict(s) for s in getattr(self, k)] for k in ("logp", "expand")}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WrapperSpec:
+        return cls(*(tuple(Slot(**s) for s in data[k]) for k in ("logp", "expand")))
+
+
+def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[list[str], str]:
+    """Source lines turning record entries into arrays, and the argument list for the inner call."""
+    lines = []
+    for i, slot in enumerate(slots):
+        pos = offsets[slot]
+        dims = "".join(f"rec[{pos + 1 + d}], " for d in range(slot.ndim))
+        lines.append(f"        a{i} = carray(as_ptr(rec[{pos}]), ({dims}), {np.dtype(slot.dtype).name}_)")
+    return lines, "".join(f", a{i}" for i in range(len(slots)))
+
+
+def wrapper_source(spec: WrapperSpec, kind: str) -> str:
+    """Python source of the logp or expand callback for nutpie's C interface."""
+    offsets = spec.offsets()
+    reads, args = _slot_reads(getattr(spec, kind), offsets)
+    size = spec.record_length()
+    if kind == "logp":
+        head = [
+            "def batchfit_logp(dim, x_, out_, logp_, rec_):",
+            f"    rec = carray(rec_, ({size},), int64_)",
+            "    n = rec[0]",
+            "    if dim != n:",
+            "        return -1",
+            "    try:",
+            "        x = carray(x_, (n,))",
+            "        out = carray(out_, (n,))",
+            "        logp = carray(logp_, ())",
+        ]
+        tail = [
+            f"        value, grad = inner(x{args})",
+            "        logp[()] = value",
+            "        out[:] = grad",
+            "        if not np.isfinite(value):",
+            "            return 4",
+            "        if not np.all(np.isfinite(out)):",
+            "            return 3",
+            "    except Exception:",
+            "        return 1",
+            "    return 0",
+        ]
+    else:
+        head = [
+            "def batchfit_expand(dim, expanded, x_, out_, rec_):",
+            f"    rec = carray(rec_, ({size},), int64_)",
+            "    n = rec[0]",
+            "    m = rec[1]",
+            "    if dim != n or expanded != m:",
+            "        return -1",
+            "    try:",
+            "        x = carray(x_, (n,))",
+            "        out = carray(out_, (m,))",
+        ]
+        tail = [
+            f"        (values,) = inner(x{args})",
+            "        out[:] = values",
+            "    except Exception:",
+            "        return -2",
+            "    return 0",
+        ]
+    return "\n".join([*head, *reads, *tail]) + "\n"
+
+
+@functools.cache
+def _as_ptr_intrinsic() -> Any:
+    """A numba intrinsic turning an integer address into a void pointer (built once, lazily)."""
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def as_ptr(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+        return types.voidptr(address), codegen
+
+    return as_ptr
+
+
+def missing_inner(*args: Any) -> None:
+    """Stands in for the PyTensor function when a callback should load from the cache.
+
+    numba cannot compile a call to it, so a callback that misses the cache fails loudly
+    instead of silently compiling: the caller then rebuilds the entry.
+    """
+    raise RuntimeError("batchfit callback was not found in the cache")
+
+
+def make_callback(spec: WrapperSpec, kind: str, key: str, cache: CacheDir, inner: Callable) -> Any:
+    """Create the numba cfunc for one callback, loading it from the cache when present."""
+    import numba
+    from numba.core import types
+
+    source = wrapper_source(spec, kind)
+    env: dict[str, Any] = {
+        "__name__": __name__,
+        "np": np,
+        "carray": numba.carray,
+        "as_ptr": _as_ptr_intrinsic(),
+        "inner": inner,
+        **{f"{np.dtype(s.dtype).name}_": np.dtype(s.dtype) for s in spec.slots},
+        "int64_": np.dtype("int64"),
+    }
+    exec(compile(source, f"batchfit_{kind}", "exec"), env)
+    py_func = env[f"batchfit_{kind}"]
+    register_cache_locator(py_func, key, cache.numba_dir)
+    f64 = types.CPointer(types.double)
+    if kind == "logp":
+        sig = types.int64(types.uint64, f64, f64, f64, types.voidptr)
+    else:
+        sig = types.int64(types.uint64, types.uint64, f64, f64, types.voidptr)
+    if inner is missing_inner:
+        return load_cached_cfunc(py_func, sig)
+    return numba.cfunc(sig, cache=True)(py_func)

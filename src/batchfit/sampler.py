@@ -1,0 +1,187 @@
+"""A compiled structure as nutpie sees it: the cached callbacks plus the per-process functions
+(initial points, shapes, coordinates) that turn one dataset's model into a nutpie sampler model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from batchfit.callbacks import Slot, WrapperSpec
+from batchfit.compat import nutpie_model
+from batchfit.errors import ModelContractError
+from batchfit.fingerprint import model_fingerprint
+from batchfit.graphs import slot_of, slot_variable
+from batchfit.modelfile import swappable_inputs
+
+if TYPE_CHECKING:
+    from batchfit.compile import CompileReport
+
+class CompiledModel:
+    """A model structure's cached callbacks plus the per-process functions around them."""
+
+    def __init__(self, key: str, spec: WrapperSpec, logp: Any, expand: Any, template: Any, report: CompileReport):
+        self.key = key
+        self.spec = spec
+        self.logp = logp
+        self.expand = expand
+        self.report = report
+        self.fingerprint = model_fingerprint(template)
+        self.functions = SamplerFunctions(template)
+
+    def matches(self, model: Any) -> bool:
+        """Whether ``model`` has the structure these callbacks were compiled for."""
+        if getattr(model, "_batchfit_fingerprint", None) is None:
+            model._batchfit_fingerprint = model_fingerprint(model)
+        return model._batchfit_fingerprint == self.fingerprint
+
+    def sampler_for(self, model: Any) -> Any:
+        """A nutpie sampler model for ``model`` (same structure, its own data), without compiling.
+
+        The data arrays are kept alive by the returned object, which nutpie holds while sampling.
+        """
+        if not self.matches(model):
+            raise ModelContractError("the model's structure differs from the compiled one")
+        values = self.functions.load_values(model)
+        free_shapes, remaining_shapes = self.functions.shapes()
+        names = [*self.functions.free_names, *self.functions.remaining_names]
+        shapes = [*free_shapes, *remaining_shapes]
+        sizes = [int(np.prod(s)) for s in shapes]
+        ends = np.cumsum([0, *sizes])
+        n_dim = int(ends[len(free_shapes)])
+        n_expanded = int(ends[-1])
+        for name, shape in zip(self.functions.free_names, free_shapes, strict=True):
+            values[Slot("shape", name, 1, "int64")] = np.array(shape, dtype=np.int64)
+        record = np.zeros(self.spec.record_length(), dtype=np.int64)
+        record[0], record[1] = n_dim, n_expanded
+        for slot, pos in self.spec.offsets().items():
+            record[pos] = values[slot].ctypes.data
+            record[pos + 1: pos + 1 + slot.ndim] = values[slot].shape
+        slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        dims, coords = nutpie_dims_and_coords(model, names, shapes, self.functions)
+        return nutpie_model(
+            dims=dims,
+            reparameterized_names=list(self.functions.reparameterized),
+            logp=self.logp,
+            expand=self.expand,
+            initial_point=self.functions.initial_point(self.functions.free_names),
+            data={slot.name + ":" + slot.kind: v for slot, v in values.items()},
+            record=record,
+            names=names,
+            slices=slices,
+            shapes=shapes,
+            n_dim=n_dim,
+            n_expanded=n_expanded,
+            coords=coords,
+        )
+
+
+def nutpie_dims_and_coords(model: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                           functions: SamplerFunctions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Dims of each traced variable and coordinate labels, as nutpie's trace builder expects."""
+    import pandas as pd
+
+    lengths = functions.dim_lengths()
+    coords = {name: coordinate_index(vals) if vals is not None else pd.RangeIndex(lengths[name])
+              for name, vals in model.coords.items()}
+    dims = {name: tuple(d) for name, d in model.named_vars_to_dims.items()}
+    shape_of = dict(zip(names, shapes, strict=True))
+    for rv in model.free_RVs:
+        value_name = model.rvs_to_values[rv].name
+        same_shape = shape_of.get(rv.name) == shape_of.get(value_name)
+        if value_name in functions.reparameterized and rv.name in dims and same_shape:
+            dims[value_name] = dims[rv.name]
+    return dims, coords
+
+
+def coordinate_index(labels: Sequence[Any]) -> Any:
+    """Coordinate labels as a pandas Index of a type nutpie's trace accepts.
+
+    nutpie converts int64, float64 and text indexes (an int32 index, which PyMC keeps for
+    ``coords={"site": np.unique(codes)}`` of an int32 column, fails the whole sample with
+    "Could not convert to Value"); other labels become text.
+    """
+    import pandas as pd
+
+    index = pd.Index(list(labels))
+    kind = index.dtype.kind
+    if kind in "iu":
+        return index.astype("int64")
+    if kind == "f":
+        return index.astype("float64")
+    return pd.Index([str(label) for label in labels], dtype=object)
+
+
+class SamplerFunctions:
+    """Functions compiled once per process from a template model and shared by all its datasets.
+
+    They read the template's shared variables, so each dataset's values are copied into those
+    before use (``load_values``). Initial points and shapes come from here; the log density and
+    expansion from the cached callbacks.
+    """
+
+    def __init__(self, template: Any):
+        import pytensor
+        from pymc.initial_point import make_initial_point_fn
+
+        self.template = template
+        self.slots = [slot_of(var, template) for var in swappable_inputs(template)]
+        self.free_names = [template.rvs_to_values[rv].name for rv in template.free_RVs]
+        free_values = [template.rvs_to_values[rv] for rv in template.free_RVs]
+        remaining = [v for v in template.unobserved_value_vars if v.name not in self.free_names]
+        self.remaining_names = [v.name for v in remaining]
+        self.reparameterized = [template.rvs_to_values[rv].name for rv in template.free_RVs
+                                if template.rvs_to_transforms.get(rv) is not None]
+        # Evaluated once per chain, so PyTensor's Python backend is fast enough, and it spares
+        # the process numba's start-up: the sampler's hot code comes ready-made from the cache.
+        with pytensor.config.change_flags(mode="FAST_COMPILE"):
+            self._point_fn = make_initial_point_fn(
+                model=template, jitter_rvs=set(template.free_RVs), return_transformed=True
+            )
+        self._shape_fn = pytensor.function(
+            free_values, [v.shape for v in remaining], mode="FAST_COMPILE", on_unused_input="ignore"
+        )
+        unlabelled = [name for name, vals in template.coords.items() if vals is None]
+        self._dim_fn = pytensor.function(
+            [], [template.dim_lengths[name] for name in unlabelled], mode="FAST_COMPILE"
+        )
+        self._unlabelled = unlabelled
+        self._lock = threading.Lock()
+
+    def load_values(self, model: Any) -> dict[Slot, np.ndarray]:
+        """Copy every data container and dimension length of ``model`` into the template.
+
+        All of them, not only the callbacks' inputs: initial points, shapes and the optional
+        outputs read others (a dimension length that sizes a parameter, say). Returns the arrays.
+        """
+        values = {}
+        for slot in self.slots:
+            value = np.asarray(slot_variable(slot, model).get_value(borrow=True), dtype=slot.dtype, order="C")
+            value.flags.writeable = False
+            slot_variable(slot, self.template).set_value(value, borrow=True)
+            values[slot] = value
+        return values
+
+    def shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """Shapes of the free (transformed) and remaining variables for the loaded values."""
+        point = self._point_fn(0)
+        free = [tuple(np.shape(point[name])) for name in self.free_names]
+        remaining = [tuple(int(n) for n in s) for s in self._shape_fn(*(point[n] for n in self.free_names))]
+        return free, remaining
+
+    def dim_lengths(self) -> dict[str, int]:
+        """Lengths of the dimensions that have no coordinate labels, for the loaded values."""
+        return {name: int(n) for name, n in zip(self._unlabelled, self._dim_fn(), strict=True)}
+
+    def initial_point(self, names: Sequence[str]) -> Callable[[Any], np.ndarray]:
+        """nutpie's initial-point callback: a flat float64 vector of jittered start values."""
+
+        def flat_point(seed: Any) -> np.ndarray:
+            with self._lock:
+                point = self._point_fn(seed)
+            return np.concatenate([np.asarray(point[n], dtype="float64").ravel() for n in names])
+
+        return flat_point

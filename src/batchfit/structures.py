@@ -1,0 +1,155 @@
+"""Every model structure a job meets, compiled once each, through the fastest path that takes it.
+
+Datasets may build models of different structure (a branch in ``build_model``, a size taken
+from the data as a Python int): each structure gets its own content-addressed cache entry,
+compiled once for every job and later sweep. A structure batchfit's cached callbacks cannot
+take (a shared variable that is not ``pm.Data``, an operation numba cannot cache, ...) is
+fitted through nutpie's own ``compile_pymc_model``, which is what ``pm.sample(nuts_sampler=
+"nutpie")`` runs: slower (compiled once per job and per set of sizes), never a dead end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchfit.cache import CacheDir
+from batchfit.cache_heal import retry_after_healing
+from batchfit.compile import ModelSource, compile_model
+from batchfit.config import Config
+from batchfit.errors import ModelContractError, one_line
+from batchfit.extras import ExtraGroups
+from batchfit.fingerprint import model_fingerprint
+from batchfit.modelfile import data_containers, swappable_inputs
+from batchfit.sampler import CompiledModel, SamplerFunctions
+
+log = logging.getLogger("batchfit")
+
+CACHED = "cached"  # batchfit's callbacks from the shared cache
+NUTPIE = "nutpie"  # nutpie's compile_pymc_model, as pm.sample runs it
+
+
+def structure_of(model: Any) -> str:
+    """A model's structure id (its fingerprint), memoised on the model."""
+    if getattr(model, "_batchfit_fingerprint", None) is None:
+        model._batchfit_fingerprint = model_fingerprint(model)
+    return model._batchfit_fingerprint
+
+
+@dataclass
+class Structure:
+    """One structure and how its datasets are sampled: cached callbacks, or nutpie's own compile."""
+
+    id: str
+    path: str
+    template: Any
+    extras: ExtraGroups
+    compiled: CompiledModel | None = None
+    reason: str | None = None  # why the cached path could not take it
+    _nutpie: dict[tuple, Any] = field(default_factory=dict)
+    _loader: SamplerFunctions | None = None
+
+    @property
+    def key(self) -> str:
+        """The cache entry it was loaded from ('' on nutpie's path, which nutpie compiles in-process)."""
+        return self.compiled.key if self.compiled is not None else ""
+
+    def sampler_model(self, model: Any) -> Any:
+        """A nutpie sampler model for ``model``, whose values are also loaded into the template."""
+        if self.compiled is not None:
+            return self.compiled.sampler_for(model)
+        if self._loader is None:
+            self._loader = SamplerFunctions(self.template)
+        self._loader.load_values(model)  # the optional outputs read the template
+        variant = _sizes_and_baked_values(model)
+        compiled = self._nutpie.get(variant)
+        if compiled is None:
+            import nutpie
+
+            compiled = nutpie.compile_pymc_model(model)
+            self._nutpie[variant] = compiled
+            return compiled
+        names = {var.name for var in compiled.shared_var_keys}
+        return compiled.with_data(**{name: var.get_value() for name, var in data_containers(model).items()
+                                     if name in names})
+
+
+def _sizes_and_baked_values(model: Any) -> tuple:
+    """What nutpie's compiled model fixes besides the structure: dimension lengths, data shapes,
+    and the values of shared variables that are not ``pm.Data`` (``with_data`` swaps only those)."""
+    containers = data_containers(model)
+    swappable = set(swappable_inputs(model))
+    lengths = tuple((name, _value(length)) for name, length in model.dim_lengths.items())
+    shapes = tuple((name, np.shape(var.get_value(borrow=True))) for name, var in sorted(containers.items()))
+    digest = hashlib.sha256()
+    for var in _shared_variables(model):
+        if var not in swappable:
+            digest.update(np.ascontiguousarray(var.get_value(borrow=True)).tobytes())
+    return lengths, shapes, digest.hexdigest()
+
+
+def _value(length: Any) -> int:
+    """A dimension length: a shared variable, a constant, or (rarely) an expression."""
+    if hasattr(length, "get_value"):
+        return int(length.get_value())
+    if hasattr(length, "data"):
+        return int(length.data)
+    return int(length.eval())
+
+
+def _shared_variables(model: Any) -> list[Any]:
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.traversal import graph_inputs
+    from pytensor.tensor.random.type import RandomType
+
+    outputs = [*model.free_RVs, *model.observed_RVs, *model.deterministics, *model.potentials]
+    return [v for v in graph_inputs(outputs) if isinstance(v, SharedVariable) and not isinstance(v.type, RandomType)]
+
+
+class Structures:
+    """The structures of one job, met in dataset order; at most ``max_structures`` of them."""
+
+    def __init__(self, config: Config, cache: CacheDir):
+        self.config = config
+        self.cache = cache
+        self.known: dict[str, Structure] = {}
+
+    def for_model(self, model: Any, source: ModelSource) -> Structure:
+        """The structure of ``model`` (built from ``source``), compiling it on first sight."""
+        structure_id = structure_of(model)
+        found = self.known.get(structure_id)
+        if found is not None:
+            return found
+        if len(self.known) >= self.config.max_structures:
+            raise ModelContractError(
+                f"dataset '{source.dataset_id}' builds a model of yet another structure: "
+                f"{len(self.known) + 1} structures, more than max_structures: {self.config.max_structures}. "
+                "A structure changes with the data when build_model takes a size from the data as a Python "
+                "int (shape=(n_groups, k) with n_groups = len(...)) or branches on data values: give the "
+                "variable dims= with coords from the data instead, so sizes are runtime values. If the "
+                f"structures are expected, raise max_structures in {self.config.source}."
+            )
+        structure = self._compile(structure_id, model, source)
+        self.known[structure_id] = structure
+        return structure
+
+    def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
+        extras = retry_after_healing(self.cache, "optional outputs", lambda: ExtraGroups(model, self.config.outputs))
+        try:
+            compiled = compile_model(model, self.cache, source=source, lock_timeout=self.config.cache.lock_timeout)
+        except Exception as exc:  # noqa: BLE001 - any reason the cached path cannot take it: nutpie's path may
+            reason = one_line(exc)
+            warnings.warn(
+                f"model structure {structure_id[:12]} (first met in dataset '{source.dataset_id}') is fitted "
+                f"through nutpie's own compile_pymc_model, as pm.sample would, because batchfit's cached path "
+                f"cannot take it: {reason}. Fits of this structure compile in every job.",
+                stacklevel=2,
+            )
+            return Structure(structure_id, NUTPIE, model, extras, reason=reason)
+        log.info("structure %s: %s", structure_id[:12], compiled.report.line())
+        return Structure(structure_id, CACHED, model, extras, compiled=compiled)

@@ -1,0 +1,88 @@
+"""The private APIs batchfit relies on (all used in ``batchfit.compat``) still exist.
+
+Each test names the API, so an upgrade that removes or renames one fails here with that name,
+not as "damaged cache entry" in every job or as a silent change of behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+
+import numpy as np
+import pytest
+
+
+def test_pymc_density_dispatchers_hold_custom_dist_functions():
+    import pymc as pm
+
+    from batchfit.compat import dispatched_densities
+
+    def logp(value, mu):
+        return -((value - mu) ** 2)
+
+    def random(mu, rng=None, size=None):
+        return rng.normal(mu, 1.0, size=size)
+
+    rv = pm.CustomDist.dist(0.0, logp=logp, random=random)
+    found = dispatched_densities(type(rv.owner.op))
+    assert "logp" in found, "pymc.logprob.abstract._logprob no longer registers CustomDist's logp per class"
+    # The registered function is PyMC's wrapper around ours: ours is in its closure.
+    closure = [cell.cell_contents for cell in found["logp"].__closure__ or ()]
+    assert logp in closure, "CustomDist's registered logp no longer closes over the user's function"
+    assert found.get("random") is random, "CustomDistRV no longer stores random= as class attribute _random_fn"
+
+
+def test_numba_cache_locator_and_cfunc_internals():
+    from numba.core import caching, ccallback
+
+    assert hasattr(caching, "_CacheLocator"), "numba.core.caching._CacheLocator is gone"
+    assert isinstance(caching.CacheImpl._locator_classes, list), "numba CacheImpl._locator_classes is gone"
+    for method in ("_load_index", "_load_data"):
+        assert hasattr(caching.IndexDataCacheFile, method), f"numba IndexDataCacheFile.{method} is gone"
+    source = inspect.getsource(ccallback.CFunc)
+    for attribute in ("_targetdescr", "_cache", "_sig", "_library", "_wrapper_name", "_wrapper_address",
+                      "_cache_hits"):
+        assert f"self.{attribute}" in source, f"numba CFunc.{attribute} is gone"
+    assert hasattr(caching.FunctionCache, "_load_overload"), "numba FunctionCache._load_overload is gone"
+
+
+def test_nutpie_compiled_model_fields():
+    from nutpie.compile_pymc import CompiledPyMCModel
+
+    fields = {f.name for f in dataclasses.fields(CompiledPyMCModel)}
+    needed = {"dims", "reparameterized_names", "compiled_logp_func", "compiled_expand_func", "initial_point_func",
+              "shared_data", "shared_var_keys", "user_data", "n_expanded", "shape_info", "logp_func",
+              "expand_func", "_n_dim", "_shapes", "_coords"}
+    assert needed <= fields, f"nutpie CompiledPyMCModel lost fields {sorted(needed - fields)}"
+
+
+def test_nutpie_names_its_chain_threads():
+    """batchfit waits for these threads after a failed sample (see compat.wait_for_sampler_threads)."""
+    import nutpie
+    import pymc as pm
+
+    from batchfit.compat import NUTPIE_THREAD_PREFIX, sampler_threads, wait_for_sampler_threads
+
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0, shape=3)
+    sampler = nutpie.sample(nutpie.compile_pymc_model(model), draws=200_000, tune=100, chains=1,
+                            progress_bar=False, blocking=False)
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:
+        seen = sampler_threads()
+        time.sleep(0.01)
+    sampler.cancel()
+    assert seen, f"no thread named {NUTPIE_THREAD_PREFIX}* while nutpie sampled"
+    assert wait_for_sampler_threads(timeout=60), "nutpie's chain threads did not end after cancel()"
+
+
+@pytest.mark.parametrize("labels", [np.arange(3, dtype=np.int32), (np.int64(1), np.int64(5)), ["a", "b"], [0.5, 1.5]])
+def test_coordinate_index_is_of_a_type_nutpie_converts(labels):
+    from batchfit.sampler import coordinate_index
+
+    index = coordinate_index(labels)
+    assert index.dtype.kind in "ifO"
+    assert index.dtype.kind != "i" or index.dtype.itemsize == 8

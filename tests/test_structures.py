@@ -1,0 +1,143 @@
+"""Datasets whose models differ in structure are all fitted: one compile per structure, and a
+structure batchfit's cached path cannot take goes through nutpie's own compile, as pm.sample does.
+Every posterior is checked against ``pm.sample(nuts_sampler="nutpie")`` on the same data.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from posterior_checks import assert_same_posterior
+
+from batchfit.config import config_from_dict
+from batchfit.fit import fit_batch
+
+SAMPLER = {"draws": 400, "tune": 400, "chains": 2, "seed": 3}
+
+# The number of groups enters as a Python int: every group count is another structure.
+PYTHON_INT_SHAPE = textwrap.dedent("""\
+    import pymc as pm
+
+    def build_model(data):
+        n_groups = len(data.coords["group"])
+        with pm.Model() as model:
+            group = pm.Data("group", data["group"])
+            y = pm.Data("y", data["y"])
+            a = pm.Normal("a", 0.0, 2.0, shape=(n_groups,))
+            sigma = pm.HalfNormal("sigma", 1.0)
+            pm.Normal("obs", a[group], sigma, observed=y, shape=y.shape)
+        return model
+""")
+
+# A shared variable that is not pm.Data: batchfit cannot swap it, nutpie's compile can fit it.
+PLAIN_SHARED = textwrap.dedent("""\
+    import pymc as pm
+    import pytensor
+
+    def build_model(data):
+        offset = pytensor.shared(float(data["y"].mean()), name="offset")
+        with pm.Model() as model:
+            y = pm.Data("y", data["y"])
+            mu = pm.Normal("mu", 0.0, 2.0)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            pm.Normal("obs", mu + offset, sigma, observed=y, shape=y.shape)
+        return model
+""")
+
+
+def grouped(seed: int, n_groups: int, n_rows: int = 30) -> pd.DataFrame:
+    rng = np.random.default_rng([seed, n_groups])
+    codes = np.arange(n_rows) % n_groups
+    means = rng.normal(0.0, 1.0, n_groups)
+    return pd.DataFrame({"group": [f"g{c}" for c in codes], "y": (means[codes] + rng.normal(0, 0.5, n_rows)).round(4)})
+
+
+def sweep(tmp_path: Path, source: str, frames: dict[str, pd.DataFrame], session_cache: Path, **overrides):
+    model = tmp_path / "model.py"
+    model.write_text(source)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, frame in frames.items():
+        frame.to_csv(data / f"{name}.csv", index=False)
+    config = config_from_dict({"model": str(model), "datasets": [str(data / "*.csv")], "sampler": SAMPLER,
+                               "cache_dir": str(session_cache), "results_dir": str(tmp_path / "results"),
+                               "columns": {"group": {"scope": "dataset"}}, **overrides})
+    return config
+
+
+def reference(config, dataset_id: str) -> xr.Dataset:
+    """pm.sample with nutpie on the dataset, loaded exactly as batchfit loads it."""
+    import pymc as pm
+
+    from batchfit.coding import sweep_coding
+    from batchfit.data import discover_datasets, load_dataset
+    from batchfit.modelfile import build_model, load_model_file
+
+    paths = discover_datasets(config)
+    dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+    with build_model(load_model_file(config.model), dataset):
+        return pm.sample(draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, nuts_sampler="nutpie",
+                         random_seed=17, progressbar=False).posterior
+
+
+def attrs_and_posterior(config, dataset_id: str) -> tuple[dict, xr.Dataset]:
+    with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+        return dict(tree.attrs), tree["posterior"].to_dataset().load()
+
+
+def test_datasets_of_different_structure_are_each_fitted_with_their_own_compile(tmp_path, session_cache):
+    frames = {"three": grouped(1, 3), "four": grouped(2, 4), "three_b": grouped(3, 3)}
+    config = sweep(tmp_path, PYTHON_INT_SHAPE, frames, session_cache)
+    report = fit_batch(config, sorted(frames), batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"] * 3, report.outcomes
+    attrs = {name: attrs_and_posterior(config, name)[0] for name in frames}
+    assert attrs["three"]["structure"] == attrs["three_b"]["structure"] != attrs["four"]["structure"]
+    assert {a["sampler_path"] for a in attrs.values()} == {"cached"}
+    assert attrs["three"]["compile_key"] != attrs["four"]["compile_key"]
+    for name in ("four", "three_b"):
+        assert_same_posterior(attrs_and_posterior(config, name)[1], reference(config, name), label=name)
+
+
+def test_too_many_structures_is_an_error_that_says_how_to_fix_it(tmp_path, session_cache):
+    frames = {"a": grouped(1, 2), "b": grouped(2, 3), "c": grouped(3, 2)}
+    config = sweep(tmp_path, PYTHON_INT_SHAPE, frames, session_cache, max_structures=1)
+    outcomes = {o.dataset: o for o in fit_batch(config, sorted(frames), batch_id="b").outcomes}
+    assert outcomes["a"].status == outcomes["c"].status == "ok"
+    assert outcomes["b"].status == "failed" and outcomes["b"].stage == "compile"
+    assert "max_structures: 1" in outcomes["b"].message and "dims=" in outcomes["b"].message
+    assert "'b'" in outcomes["b"].message
+
+
+def test_a_structure_the_cached_path_cannot_take_is_fitted_through_nutpie_with_a_warning(tmp_path, session_cache):
+    frames = {f"d{i}": grouped(i, 2).assign(y=lambda f, i=i: f["y"] + 3.0 * i) for i in range(3)}
+    config = sweep(tmp_path, PLAIN_SHARED, frames, session_cache)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fit_batch(config, sorted(frames), batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"] * 3, report.outcomes
+    messages = [str(w.message) for w in caught if "compile_pymc_model" in str(w.message)]
+    assert len(messages) == 1 and "offset" in messages[0], messages  # one warning, naming the reason
+    for name in frames:
+        attrs, posterior = attrs_and_posterior(config, name)
+        assert attrs["sampler_path"] == "nutpie" and attrs["compile_key"] == ""
+        # the offset differs per dataset: each must be sampled with its own, not the first one's
+        assert_same_posterior(posterior, reference(config, name), label=name)
+
+
+@pytest.mark.parametrize("n_rows", [30])
+def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, session_cache, n_rows):
+    source = PLAIN_SHARED.replace('float(data["y"].mean())', "0.5")  # the same baked value everywhere
+    frames = {f"d{i}": grouped(10 + i, 2, n_rows).assign(y=lambda f, i=i: f["y"] * (1 + i)) for i in range(2)}
+    config = sweep(tmp_path, source, frames, session_cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = fit_batch(config, sorted(frames), batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"] * 2, report.outcomes
+    posterior = attrs_and_posterior(config, "d1")[1]
+    assert_same_posterior(posterior, reference(config, "d1"), label="d1 after d0 (with_data)")
