@@ -54,8 +54,9 @@ def child(args: argparse.Namespace) -> None:
     from batchfit.data import load_dataset
 
     t_import = time.perf_counter()
-    cache, paths, ref, compiled = fit.prepare(config)
-    fitter = fit.Fitter(config, ref, compiled)
+    cache, paths, ref = fit.prepare(config)
+    fitter = fit.Fitter(config, ref, cache)
+    compiled = fitter.reference.compiled
     t_setup = time.perf_counter()
 
     # Stage timers: wrap (never replace) the functions fit_one calls; the work done is unchanged.
@@ -74,7 +75,7 @@ def child(args: argparse.Namespace) -> None:
     fit.load_dataset = timed("load", fit.load_dataset)
     fit.write_fit = timed("write NetCDF", fit.write_fit)
     fitter.build = timed("build + check", fitter.build)
-    fitter.compiled.sampler_for = timed("sampler_for", fitter.compiled.sampler_for)
+    compiled.sampler_for = timed("sampler_for", compiled.sampler_for)
     nutpie.sample = timed("nutpie.sample", real_sample)
     fitter.finish = timed("finish (data groups, attrs)", fitter.finish)
 
@@ -91,7 +92,7 @@ def child(args: argparse.Namespace) -> None:
             raise SystemExit(f"{dataset_id} failed at {outcome.stage}: {outcome.message}")
         row = {"dataset": dataset_id, "batchfit_s": outcome.seconds, **stages}
         # Pure sampling of the same dataset with the same compiled callbacks, seed and settings.
-        model = fitter.build(load_dataset(dataset_id, paths[dataset_id]))
+        model = fitter.build(load_dataset(dataset_id, paths[dataset_id], ref.coding))
         sampler = compiled.sampler_for(model)
         start = time.perf_counter()
         real_sample(sampler, draws=s.draws, tune=s.tune, chains=s.chains, cores=2,

@@ -179,7 +179,8 @@ def test_summary_csv(sweep: Config) -> None:
     assert list(reference.columns) == ["mean", "sd", "hdi89_lb", "hdi89_ub", "ess_bulk", "ess_tail", "r_hat",
                                        "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89%
     assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
-                                     "divergences", "max_r_hat", "min_ess_bulk", "status", "message"]
+                                     "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
+                                     "structure", "sampler_path"]
 
     # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, failure row, 5+1+10
     assert summary.groupby("dataset", sort=False).size().to_dict() == {
@@ -212,6 +213,7 @@ def test_summary_csv(sweep: Config) -> None:
     assert store_02["max_r_hat"].iloc[0] == pytest.approx(store_02["r_hat"].max())
     assert store_02["min_ess_bulk"].iloc[0] == pytest.approx(store_02["ess_bulk"].min())
     assert store_02["max_r_hat"].iloc[0] <= Health().max_r_hat  # warned for divergences only
+    assert set(store_02["message"]) == {f"4 divergences > {Health().max_divergences}"}  # the reason of the warning
 
     store_03 = summary[summary["dataset"] == "store_03"]
     assert store_03["divergences"].iloc[0] == 0

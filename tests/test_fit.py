@@ -316,7 +316,8 @@ def _failure(config, dataset_id):
 
 def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, hierarchical_entry):
     root = contract_sweep
-    config = make_config(root / "results", hierarchical_entry, [str(root / "data" / "*.csv"), str(root / "data" / "*.nc")],
+    config = make_config(root / "results", hierarchical_entry,
+                         [str(root / "data" / "*.csv"), str(root / "data" / "*.nc")],
                          model=root / "model.py", on_error="continue")
     ids = ["a_ok", "b_baked", "c_nodata", "d_text", "f_rank", "e_ok"]
     report = fit_batch(config, ids, batch_id="contract")

@@ -88,7 +88,10 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     unusable: dict[str, DatasetError] = {}
     paths = discover_datasets(config, problems=unusable if datasets else None)
-    ref = reference_model(config, paths)
+    try:
+        ref = reference_model(config, paths)
+    except BatchfitError:  # no dataset builds: say why for each of them
+        return _unbuildable(config, paths, unusable)
     report = CheckReport(ref.dataset.id)
     report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
     try:
@@ -123,6 +126,22 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
             f"{config.max_structures}; the fit stage fails the datasets past it. A structure changes with "
             "the data when build_model takes a size from the data as a Python int or bakes a value computed "
             "from the data into the model (see 'differs' above): use dims= and pm.Data instead.")
+    return report
+
+
+def _unbuildable(config: Config, paths: dict[str, Any], unusable: dict[str, DatasetError]) -> CheckReport:
+    """The report when no dataset can be built into a model: each dataset's own reason."""
+    from batchfit.coding import sweep_coding
+    from batchfit.modelfile import build_model, load_model_file
+
+    report = CheckReport("(none: no dataset builds a model)")
+    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
+    module, coding = load_model_file(config.model), sweep_coding(config, paths)
+    for dataset_id, path in paths.items():
+        try:
+            build_model(module, load_dataset(dataset_id, path, coding))
+        except BatchfitError as exc:
+            report.dataset_problems[dataset_id] = str(exc)
     return report
 
 

@@ -35,7 +35,7 @@ ENGINE = "netcdf4"
 SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
-HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message"]
+HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path"]
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 _MAX_IDS_IN_MESSAGE = 20
 
@@ -168,7 +168,8 @@ def collect_fits(
             table = summarise_posterior(posterior, dataset_id, path, summary, [*summarised, *scored])
             health = _health(table[table["variable"].isin(scored)], divergences, thresholds)
             statuses[dataset_id] = health["status"]
-            rows[dataset_id] = _summary_rows(dataset_id, table[table["variable"].isin(summarised)], health, columns)
+            rows[dataset_id] = _summary_rows(dataset_id, table[table["variable"].isin(summarised)], health, columns,
+                                             posterior.attrs)
 
     _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids], columns), summary_path)
     _write_csv(pd.DataFrame(failures, columns=FAILURE_COLUMNS), failures_csv_path)
@@ -425,14 +426,16 @@ def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: pd.Series) -> float
 
 
 def _summary_rows(
-    dataset_id: str, table: pd.DataFrame, health: dict[str, Any], columns: list[str]
+    dataset_id: str, table: pd.DataFrame, health: dict[str, Any], columns: list[str], fit_attrs: dict[str, Any]
 ) -> pd.DataFrame:
-    """summary.csv rows for one fitted dataset."""
+    """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took."""
     rows = table.rename_axis("parameter").reset_index()
     rows.insert(0, "dataset", dataset_id)
     for key in ("divergences", "max_r_hat", "min_ess_bulk", "status"):
         rows[key] = health[key]
-    rows["message"] = ""
+    rows["message"] = "; ".join(health["reasons"])
+    rows["structure"] = str(fit_attrs.get("structure", ""))[:12]
+    rows["sampler_path"] = str(fit_attrs.get("sampler_path", ""))
     return rows[columns]
 
 

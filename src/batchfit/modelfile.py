@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -111,13 +112,16 @@ def check_containers(model: Any, dataset: Dataset) -> None:
             "Name each pm.Data after the column it holds: pm.Data('x', data['x'])."
         )
     baked = baked_in_columns(model, dataset)
-    if baked:
-        listing = "; ".join(f"column '{col}' (used by model variable '{var}'): {data_fix(model, col)}"
-                            for col, var in baked)
+    derived = derived_arrays(model, dataset)
+    if baked or derived:
+        listing = [f"column '{col}' (used by model variable '{var}'): {data_fix(model, col)}" for col, var in baked]
+        listing += [f"an array of shape {shape} with one entry per row, computed from the data (used by model "
+                    f"variable '{var}'): put the columns it is computed from in pm.Data and compute it in the "
+                    "model, e.g. age = pm.Data('age', data['age']); (age - 60) / 10" for shape, var in derived]
         raise ModelContractError(
-            f"{len(baked)} column(s) of dataset '{dataset.id}' are baked into the model as constants instead "
+            f"{len(listing)} value(s) of dataset '{dataset.id}' are baked into the model as constants instead "
             "of entering through pm.Data, so every dataset would silently reuse the first dataset's values: "
-            f"{listing}"
+            + "; ".join(listing)
         )
 
 
@@ -130,31 +134,46 @@ def data_fix(model: Any, column: str) -> str:
     return fix
 
 
+def _constants_by_variable(model: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """Every non-scalar constant of the model's graphs, with the variable (or observed value) it feeds."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+
+    outputs = [(out.name, out) for out in [*model.free_RVs, *model.observed_RVs, *model.deterministics,
+                                            *model.potentials]]
+    outputs += [(rv.name, model.rvs_to_values[rv]) for rv in model.observed_RVs]
+    for label, out in outputs:
+        for var in graph_inputs([out]):
+            if isinstance(var, Constant) and np.ndim(var.data) > 0:
+                yield label, np.asarray(var.data)
+
+
+def derived_arrays(model: Any, dataset: Dataset) -> list[tuple[tuple[int, ...], str]]:
+    """Constant arrays with one entry per row of the dataset that are no column: computed from the data."""
+    rows = dataset.n_rows
+    columns = [np.asarray(a) for a in dataset.arrays.values()]
+    found: dict[str, tuple[int, ...]] = {}
+    for label, data in _constants_by_variable(model):
+        if label in found or rows <= 1 or data.shape[0] != rows:
+            continue
+        if not any(data.shape == col.shape and np.array_equal(data, col) for col in columns):
+            found[label] = data.shape
+    return [(shape, label) for label, shape in found.items()]
+
+
 def baked_in_columns(model: Any, dataset: Dataset) -> list[tuple[str, str]]:
     """Columns whose values appear as constants in the model graph, with a variable using them.
 
     Observed values count too: ``observed=data['y']`` bakes the column in like any constant.
     """
-    from pytensor.graph.basic import Constant
-    from pytensor.graph.traversal import graph_inputs
-
     containers = data_containers(model)
     columns = {name: np.asarray(arr) for name, arr in dataset.arrays.items()
                if name not in containers and np.ndim(arr) >= 1 and np.size(arr) > 1}
-    if not columns:
-        return []
-    outputs = {out.name: out for out in [*model.free_RVs, *model.deterministics, *model.potentials]}
-    outputs.update({rv.name: model.rvs_to_values[rv] for rv in model.observed_RVs})
-    outputs.update({f"{rv.name} (its distribution)": rv for rv in model.observed_RVs})
     found: dict[str, str] = {}
-    for label, out in outputs.items():
-        for var in graph_inputs([out]):
-            if not isinstance(var, Constant) or np.ndim(var.data) == 0:
-                continue
-            data = np.asarray(var.data)
-            for name, col in columns.items():
-                if name not in found and data.shape == col.shape and np.array_equal(data, col):
-                    found[name] = label
+    for label, data in _constants_by_variable(model) if columns else ():
+        for name, col in columns.items():
+            if name not in found and data.shape == col.shape and np.array_equal(data, col):
+                found[name] = label
     return list(found.items())
 
 

@@ -173,7 +173,8 @@ class DigestCache:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None and self.used != self.entries:
+        # Not before the results directory exists: a dry run of a new sweep writes nothing.
+        if exc[0] is None and self.used != self.entries and self.path.parent.is_dir():
             with atomic_path(self.path) as tmp:
                 tmp.write_text(json.dumps(self.used))
 

@@ -1,0 +1,110 @@
+"""``batchfit check`` reports, before any sampling, what the fit stage would run into: every
+baked-in value at once (with fixes that work as written), the structure buckets and what
+differs between them, and the path each structure takes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchfit.check import check_model
+from batchfit.config import config_from_dict
+
+BAKED = textwrap.dedent("""\
+    import numpy as np
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model(coords={"severity": data.coords["severity"]}) as model:
+            age = (data["age"] - 60) / 10                     # a derived array, baked in
+            mu = pm.Normal("mu", 0.0, 1.0)
+            beta = pm.Normal("beta", 0.0, 1.0)
+            effect = pm.Normal("effect", 0.0, 1.0, dims="severity")
+            pm.Normal("y", mu + beta * age + effect[data["severity"]], 1.0, observed=data["y"])
+        return model
+""")
+# Following the first check's advice literally: pm.Data named after each column, the dimension renamed.
+FIXED = textwrap.dedent("""\
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model(coords={"severity_levels": data.coords["severity"]}) as model:
+            age = pm.Data("age", data["age"])
+            severity = pm.Data("severity", data["severity"])
+            y = pm.Data("y", data["y"])
+            mu = pm.Normal("mu", 0.0, 1.0)
+            beta = pm.Normal("beta", 0.0, 1.0)
+            effect = pm.Normal("effect", 0.0, 1.0, dims="severity_levels")
+            pm.Normal("obs", mu + beta * (age - 60) / 10 + effect[severity], 1.0, observed=y, shape=y.shape)
+        return model
+""")
+# A constant computed from the data (a prior centred on the data's mean): each dataset its own structure.
+DATA_CONSTANT = FIXED.replace('mu = pm.Normal("mu", 0.0, 1.0)',
+                              'mu = pm.Normal("mu", float(np.log(data["y"].mean())), 1.0)')
+DATA_CONSTANT = "import numpy as np\n" + DATA_CONSTANT
+
+
+def project(tmp_path: Path, source: str, n: int = 3, **overrides) -> object:
+    """Three small datasets and a model file; the session's cache (checks compile into the config's cache)."""
+    from conftest import SESSION_CACHE
+
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for i in range(n):
+        rng = np.random.default_rng(i)
+        rows = 12 + i
+        pd.DataFrame({"age": rng.integers(20, 90, rows), "severity": rng.choice(["low", "mid", "high"], rows),
+                      "y": rng.gamma(2.0, 1.0, rows).round(3)}).to_csv(data / f"d{i}.csv", index=False)
+    (tmp_path / "model.py").write_text(source)
+    return config_from_dict({"model": str(tmp_path / "model.py"), "datasets": [str(data / "*.csv")],
+                             "cache_dir": str(SESSION_CACHE), "results_dir": str(tmp_path / "results"),
+                             **overrides})
+
+
+def test_every_baked_in_value_is_reported_at_once_with_a_fix_that_works(tmp_path):
+    report = check_model(project(tmp_path, BAKED))
+    assert not report.ok
+    assert set(report.dataset_problems) == {"d0", "d1", "d2"}
+    message = report.dataset_problems["d1"]
+    # the observed array and the index array, both at once, each with its variable
+    assert "column 'y'" in message and "column 'severity'" in message, message
+    assert "one entry per row, computed from the data" in message and "3 value(s)" in message, message
+    assert "pm.Data('severity', data['severity'])" in message and "rename the dimension 'severity'" in message
+    # Following the advice literally gives a model that passes.
+    fixed = check_model(project(tmp_path, FIXED))
+    assert fixed.ok, "\n".join(fixed.lines())
+    [bucket] = fixed.buckets.values()
+    assert sorted(bucket.datasets) == ["d0", "d1", "d2"] and bucket.path == "cached"
+
+
+def test_a_constant_computed_from_the_data_is_named_as_a_structure_difference(tmp_path):
+    report = check_model(project(tmp_path, DATA_CONSTANT, max_structures=2))
+    assert len(report.buckets) == 3
+    lines = "\n".join(report.lines())
+    assert "variable 'mu'" in lines and "a value computed from the data" in lines, lines
+    assert "more than max_structures: 2" in lines
+    assert not report.ok
+
+
+def test_check_names_the_path_of_a_structure_the_cached_path_cannot_take(tmp_path):
+    source = FIXED.replace("import pymc as pm\n", "import pymc as pm\nimport pytensor\n").replace(
+        'mu = pm.Normal("mu", 0.0, 1.0)', 'mu = pm.Normal("mu", pytensor.shared(0.0, name="centre"), 1.0)')
+    report = check_model(project(tmp_path, source))
+    [bucket] = report.buckets.values()
+    assert bucket.path == "nutpie"
+    assert any("centre" in reason for reason in bucket.reasons), bucket.reasons
+    assert "nutpie's own compile" in "\n".join(report.lines())
+
+
+@pytest.mark.parametrize("source", [FIXED])
+def test_a_model_that_passes_check_compiles(tmp_path, source):
+    from batchfit.pipeline import run_compile
+
+    config = project(tmp_path, source)
+    assert check_model(config).ok
+    stamp = run_compile(config)
+    assert stamp["path"] == "cached" and stamp["key"]
