@@ -21,6 +21,14 @@ include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
 
 
+# Light rules run in the main process, not as cluster jobs: `collect` combines files already on
+# the shared filesystem, and `status` must print its failure line on the user's terminal.
+localrules:
+    all,
+    collect,
+    status,
+
+
 rule all:
     input:
         rules.collect.output,

@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from batchfit import pipeline
     from batchfit.config import load_config
+    from batchfit.cputarget import apply_cpu_target
 
     if args.command == "cache":
         return _cache(args)
@@ -81,6 +82,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"simulate: wrote {len(paths)} datasets to {args.out}")
         return 0
     config = load_config(args.config)
+    apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "check":
         from batchfit.check import check_model
 

@@ -91,6 +91,7 @@ class CacheSettings:
 
     lock_timeout: float
     trust_shared: bool
+    cpu_target: str = "host"
 
 
 @dataclass(frozen=True)
@@ -304,6 +305,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "cache": {
             "lock_timeout": config.cache.lock_timeout,
             "trust_shared": config.cache.trust_shared,
+            "cpu_target": config.cache.cpu_target,
         },
         "columns": {name: _column_to_dict(c) for name, c in config.columns.items()},
     }
@@ -364,7 +366,8 @@ def _build(d: dict[str, Any], source: str) -> Config:
             ci_kind=m["ci_kind"],
         ),
         max_structures=d["max_structures"],
-        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"]),
+        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"],
+                            cpu_target=c["cpu_target"]),
         source=source,
         columns={str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()},
     )
