@@ -19,6 +19,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/sbc.smk"
 
 
 rule all:
