@@ -26,6 +26,7 @@ sweep of real data:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -314,7 +315,7 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     import pandas as pd
 
     from batchfit.collect import read_failure
-    from batchfit.provenance import expected_digests, fit_digest
+    from batchfit.provenance import expected_digests, recorded_digest
 
     sweep = sbc_config(config)
     datasets = discover_datasets(sweep)
@@ -323,7 +324,7 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     for sim in datasets:
         if sweep.failure_path(sim).exists():
             failed[sim] = read_failure(sim, sweep.failure_path(sim)).get("message", "")
-        elif sweep.fit_path(sim).exists() and fit_digest(sweep.fit_path(sim)) == expected[sim]:
+        elif recorded_digest(sweep, sim) == expected[sim]:
             fitted.append(sim)
         else:
             missing.append(sim)
@@ -348,8 +349,8 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     result = SBCResult(len(datasets), fitted, failed, n_draws, table, config.sbc.envelope_prob)
     with atomic_path(root / "verdict.txt") as tmp:
         tmp.write_text(result.verdict() + "\n")
-    pd.DataFrame({"simulation": list(failed), "message": list(failed.values())}).to_csv(
-        root / "failed_simulations.csv", index=False)
+    with atomic_path(root / "failed_simulations.csv") as tmp:
+        pd.DataFrame({"simulation": list(failed), "message": list(failed.values())}).to_csv(tmp, index=False)
     if plots:
         plot_ranks(ranks, n_draws, config.sbc.envelope_prob, len(table), root / "plots")
     return result
@@ -403,7 +404,7 @@ class Ranked:
     coords: Mapping[str, Any]
 
 
-def _elements(name: str, ranked: Ranked) -> list[tuple[str, np.ndarray]]:
+def element_ranks(name: str, ranked: Ranked) -> list[tuple[str, np.ndarray]]:
     """(label, ranks over simulations) for every scalar element: 'sigma', 'a[g01]'."""
     shape = ranked.values.shape[1:]
     if not shape:
@@ -422,27 +423,44 @@ def uniformity(ranks: Mapping[str, Ranked], n_draws: int, envelope_prob: float) 
     """The uniformity test of every parameter element.
 
     ``outside_band``: the ECDF of the element's ranks leaves ArviZ's simultaneous band
-    (`arviz_stats.ecdf_utils.ecdf_pit`) at probability ``1 - (1 - envelope_prob) / K`` for K
-    elements (Bonferroni), so a calibrated model passes all K together with probability at least
+    (`simultaneous_band`) at probability ``1 - (1 - envelope_prob) / K`` for K elements
+    (Bonferroni), so a calibrated model passes all K together with probability at least
     ``envelope_prob``. ``pot_c_p_value`` is ArviZ's recommended pointwise-order test
     (`uniformity_test`, method pot_c), reported for reading, not used for the verdict.
     """
     import pandas as pd
     import xarray as xr
-    from arviz_stats.ecdf_utils import ecdf_pit
+    from arviz_stats.ecdf_utils import compute_ecdf
 
-    elements = [e for name, ranked in ranks.items() for e in _elements(name, ranked)]
-    prob = _element_prob(envelope_prob, len(elements))
+    elements = [e for name, ranked in ranks.items() for e in element_ranks(name, ranked)]
+    n_sims = len(elements[0][1])
+    x, lower, upper = simultaneous_band(n_sims, _element_prob(envelope_prob, len(elements)))
     rows = []
     for label, values in elements:
         pit = pit_values(values, n_draws)
-        x, ecdf, lower, upper = ecdf_pit(pit, prob, n_simulations=1000)
+        ecdf = np.concatenate(([0.0], compute_ecdf(pit, x[1:-1]), [1.0]))
         p_value, _, _ = xr.DataArray(pit, dims=["simulation"]).azstats.uniformity_test(dim="simulation")
         rows.append({"parameter": label, "n": len(values),
                      "outside_band": bool(np.any((ecdf < lower) | (ecdf > upper))),
                      "max_abs_ecdf_diff": float(np.max(np.abs(ecdf - x))),
                      "pot_c_p_value": float(p_value)})
     return pd.DataFrame(rows)
+
+
+@functools.cache
+def simultaneous_band(n: int, prob: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Evaluation points and the simultaneous ``prob`` band of the ECDF of ``n`` uniform values.
+
+    ArviZ's `ecdf_pit` (Säilynoja et al. 2022); the band depends only on ``n`` and ``prob``, so
+    it is computed once for every element (the values passed are not used for the band). Its
+    simulation count grows with ``prob`` so the extreme quantile is estimated from ~20 draws
+    beyond it; its generator has a fixed seed, so the band is reproducible.
+    """
+    from arviz_stats.ecdf_utils import ecdf_pit
+
+    n_simulations = int(min(20000, max(1000, np.ceil(20 / (1 - prob)))))
+    x, _, lower, upper = ecdf_pit(np.linspace(0, 1, n), prob, n_simulations=n_simulations)
+    return x, lower, upper
 
 
 def _element_prob(envelope_prob: float, n_elements: int) -> float:
@@ -455,7 +473,7 @@ def _long_table(ranks: Mapping[str, Ranked], fitted: Sequence[str], n_draws: int
 
     parts = [pd.DataFrame({"simulation": list(fitted), "parameter": label, "rank": values.astype(int),
                            "n_draws": n_draws})
-             for name, ranked in ranks.items() for label, values in _elements(name, ranked)]
+             for name, ranked in ranks.items() for label, values in element_ranks(name, ranked)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -489,13 +507,12 @@ def plot_ranks(ranks: Mapping[str, Ranked], n_draws: int, envelope_prob: float, 
     import matplotlib.pyplot as plt
     import xarray as xr
     from arviz_plots import plot_ecdf_pit
-    from arviz_stats.ecdf_utils import ecdf_pit
 
     paths = []
     prob = _element_prob(envelope_prob, n_elements)
     for name, ranked in ranks.items():
         pit = pit_values(ranked.values, n_draws)
-        x, _, lower, upper = ecdf_pit(pit.reshape(len(pit), -1)[:, 0], prob, n_simulations=1000)
+        x, lower, upper = simultaneous_band(len(pit), prob)
         ds = xr.Dataset({name: (("chain", "draw", *ranked.dims), pit[None])}, coords=dict(ranked.coords))
         pc = plot_ecdf_pit(xr.DataTree.from_dict({RANKS_GROUP: ds}), group=RANKS_GROUP, backend="matplotlib")
         figure = pc.get_viz("figure")
