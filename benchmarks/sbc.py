@@ -17,6 +17,7 @@ benchmarks/results/sbc/.
 
     python benchmarks/sbc.py --n 100          # the issue's comparison (long: simuk pays ~N compiles)
     python benchmarks/sbc.py --n 10           # a smoke run
+    python benchmarks/sbc.py --report-only    # compare the last run's outputs again
 """
 
 from __future__ import annotations
@@ -108,33 +109,53 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100, help="simulations (default 100)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--report-only", action="store_true",
+                        help="only compare the outputs of the last run (benchmarks/results/sbc/)")
     parser.add_argument("--simuk-child", nargs=1, metavar="OUT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simuk_child:
         simuk_child(args.simuk_child[0], args.n, args.cores, args.seed)
         return
+    root = RESULTS / "sbc"
+    if not args.report_only:
+        measure(root, args.n, args.cores, args.seed)
+    report(root, args.cores)
 
+
+def measure(root: Path, n: int, cores: int, seed: int) -> None:
+    """Run both tools; their wall times go to walls.json, their ranks to batchfit/ and simuk/."""
+    fresh_dir(root)
+    print(f"{machine_line()}; load average before: {load_average()}")
+    bf_run, _ = batchfit_run(root / "batchfit", n, cores, seed)
+    print(f"batchfit (snakemake sbc, cold cache): {bf_run.wall:.1f} s")
+    sk_dir = fresh_dir(root / "simuk")
+    sk_run = run_tracked([PY, __file__, "--n", n, "--cores", cores, "--seed", seed,
+                          "--simuk-child", sk_dir / "ranks.nc"],
+                         env=child_env(sk_dir / "pytensor"), cwd=REPO).check()
+    print(f"simuk (pm.sample per simulation): {sk_run.wall:.1f} s ({sk_run.json()['completed']} completed)")
+    (root / "walls.json").write_text(json.dumps({"n": n, "batchfit": bf_run.wall, "simuk": sk_run.wall,
+                                                 "machine": machine_line(), "load_after": load_average()}))
+
+
+def report(root: Path, cores: int) -> None:
+    """Wall times, their ratio and the agreement of the two tools' rank statistics."""
     import pandas as pd
     import xarray as xr
     from scipy import stats
 
     from batchfit.sbc import uniformity
 
-    root = fresh_dir(RESULTS / "sbc")
-    print(f"{machine_line()}; load average before: {load_average()}")
-    bf_run, bf_root = batchfit_run(root / "batchfit", args.n, args.cores, args.seed)
-    print(f"batchfit (snakemake sbc, cold cache): {bf_run.wall:.1f} s")
-    sk_dir = fresh_dir(root / "simuk")
-    sk_run = run_tracked([PY, __file__, "--n", args.n, "--cores", args.cores, "--seed", args.seed,
-                          "--simuk-child", sk_dir / "ranks.nc"],
-                         env=child_env(sk_dir / "pytensor"), cwd=REPO).check()
-    print(f"simuk (pm.sample per simulation): {sk_run.wall:.1f} s ({sk_run.json()['completed']} completed)")
-
+    walls = json.loads((root / "walls.json").read_text())
+    bf_root = root / "batchfit" / "results" / "sbc"
     bf_tree = xr.open_datatree(bf_root / "ranks.nc")
     bf_draws = int(bf_tree.attrs["n_draws"])
-    bf = elements(bf_tree["prior_sbc"].to_dataset(), bf_draws)
-    sk_group = xr.open_dataset(sk_dir / "ranks.nc")
+    bf_group = bf_tree["prior_sbc"].to_dataset()
+    bf = elements(bf_group, bf_draws)
+    sk_group = xr.open_dataset(root / "simuk" / "ranks.nc")
     sk_draws = int(sk_group.attrs["n_draws"])
+    # simuk names a vector's dimension a_dim_0 without labels: give it batchfit's dims and labels.
+    sk_group = xr.Dataset({name: (bf_group[name].dims, sk_group[name].values) for name in bf_group.data_vars},
+                          coords={d: bf_group[d] for d in bf_group.dims if d not in ("chain", "draw")})
     sk = elements(sk_group, sk_draws)
     bf_test = uniformity({k: _scalar(v) for k, v in bf.items()}, bf_draws, 0.95).set_index("parameter")
     sk_test = uniformity({k: _scalar(v) for k, v in sk.items()}, sk_draws, 0.95).set_index("parameter")
@@ -148,16 +169,14 @@ def main() -> None:
                      "simuk_pot_c_p": round(sk_test.loc[label, "pot_c_p_value"], 3),
                      "ks_2samp_p": round(ks.pvalue, 3)})
     table = pd.DataFrame(rows)
-    print(f"\nN = {args.n} simulations, {args.cores} cores, sampler {example_sampler()}; "
-          f"load average after: {load_average()}")
-    print(f"| method | wall (s) |\n|---|---:|\n| batchfit `snakemake sbc` (cold cache) | {bf_run.wall:.1f} |\n"
-          f"| simuk | {sk_run.wall:.1f} |")
-    print(f"\nsimuk / batchfit wall time = {sk_run.wall / bf_run.wall:.1f}x")
+    print(f"\n{walls['machine']}\nN = {walls['n']} simulations, {cores} cores, sampler {example_sampler()}; "
+          f"load average after the runs: {walls['load_after']}")
+    print(f"| method | wall (s) |\n|---|---:|\n| batchfit `snakemake sbc` (cold cache) | {walls['batchfit']:.1f} |\n"
+          f"| simuk | {walls['simuk']:.1f} |")
+    print(f"\nsimuk / batchfit wall time = {walls['simuk'] / walls['batchfit']:.1f}x")
     print(f"batchfit verdict: {(bf_root / 'verdict.txt').read_text().strip()}")
     print(f"simuk ranks: {int((~table['simuk_in_band']).sum())} of {len(table)} elements outside the band\n")
     print(table.to_markdown(index=False))
-    (root / "result.json").write_text(json.dumps({"n": args.n, "batchfit_wall": bf_run.wall,
-                                                  "simuk_wall": sk_run.wall, "table": rows}, default=str))
 
 
 def _scalar(values: np.ndarray):
