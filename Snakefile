@@ -19,6 +19,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/sbc.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
