@@ -31,14 +31,8 @@ from posterior_checks import assert_same_posterior  # noqa: E402
 RUNNER = Path(__file__).parent / "parity_run.py"
 PROCESS_TIMEOUT = 1800  # seconds for one runner process (the whole corpus takes a few minutes)
 
-# batchfit's error for each model it cannot fit yet, with the cause.
-XFAIL: dict[str, str] = {
-    "family-prior-continuous-Interpolated": (
-        "sample failed for dataset 'd': All initialization points failed Caused by: Logp function returned error: "
-        "ErrorCode(1) -- Interpolated's logp uses SplineWrapper, which has no numba implementation (object mode); "
-        "batchfit fit compiles it anyway (only the compile stage's check refuses object mode) and its cached "
-        "callback cannot run it; the message blames the data"),
-}
+# batchfit's error for each model it cannot fit yet (see the report in issue 10's corpus).
+XFAIL: dict[str, str] = {}
 
 CASES = parity_corpus.cases()
 
