@@ -31,8 +31,14 @@ from posterior_checks import assert_same_posterior  # noqa: E402
 RUNNER = Path(__file__).parent / "parity_run.py"
 PROCESS_TIMEOUT = 1800  # seconds for one runner process (the whole corpus takes a few minutes)
 
-# batchfit's error for each model it cannot fit yet (see the report in issue 10's corpus).
-XFAIL: dict[str, str] = {}
+# batchfit's error for each model it cannot fit yet, with what is known of the cause.
+XFAIL: dict[str, str] = {
+    "family-prior-continuous-3": (
+        "sample failed for dataset 'd': All initialization points failed Caused by: Logp function returned error: "
+        "ErrorCode(1) (the message blames the data). HalfStudentT+InverseGamma+Kumaraswamy+Laplace fit alone, and "
+        "Interpolated alone; together with LogNormal they fail. Interpolated's SplineWrapper op has no numba "
+        "implementation (object mode), which batchfit fit compiles without the compile stage's check"),
+}
 
 CASES = parity_corpus.cases()
 
