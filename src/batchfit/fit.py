@@ -95,7 +95,7 @@ def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference]:
 def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
     """How a compile worker rebuilds the model of ``dataset``."""
     return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
-                       coding.for_dataset(dataset.id))
+                       coding.for_dataset(dataset.id), config.outputs)
 
 
 @dataclass
