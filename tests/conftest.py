@@ -1,10 +1,11 @@
 """Test-session set-up: one compile cache for the whole session, empty when the session starts.
 
 PyTensor reads its compile directory at import time, so the environment is set here, before
-any test module imports pytensor. The cache is new for every session (shared by pytest-xdist's
-workers of one run), so no test can pass on an entry an older session or older code left;
-tests that need a compiled model ask for a fixture that compiles it. Set BATCHFIT_TEST_CACHE
-to keep a cache across sessions while developing.
+any test module imports pytensor. The cache is new for every session, so no test can
+pass on an entry an older session or older code left; tests that need a compiled model ask for a
+fixture that compiles it. pytest-xdist's workers inherit the variable below from the controller,
+so they share its cache, and the controller removes it at the end. Set BATCHFIT_TEST_CACHE
+yourself to keep a cache across sessions while developing.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-_KEEP = "BATCHFIT_TEST_CACHE" in os.environ
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", Path(tempfile.gettempdir()) / f"batchfit-tests-{_RUN}"))
+_KEEP = "BATCHFIT_TEST_CACHE" in os.environ  # given by the user, or inherited by an xdist worker
+_NEW_CACHE = Path(tempfile.gettempdir()) / f"batchfit-tests-{os.getpid()}"
+SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", _NEW_CACHE))
 SESSION_CACHE.mkdir(parents=True, exist_ok=True, mode=0o700)
 os.environ["BATCHFIT_TEST_CACHE"] = str(SESSION_CACHE)
 os.environ["PYTENSOR_FLAGS"] = f"base_compiledir={SESSION_CACHE / 'pytensor'}"
@@ -32,8 +33,8 @@ NES_DIR = Path(os.environ.get("BATCHFIT_NES_DIR", REPO.parent / "shared" / "data
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Remove the session's cache (by the xdist controller, or the only process)."""
-    if not _KEEP and not hasattr(session.config, "workerinput"):
+    """Remove the session's cache (by the process that made it: the xdist controller, or the only one)."""
+    if not _KEEP:
         shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 

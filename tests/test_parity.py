@@ -83,6 +83,7 @@ def _result(root: Path, name: str, side: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.parity
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name])) if name in XFAIL else name
     for name in CASES])
