@@ -185,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
     args = parser.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
+    log.setLevel(logging.INFO)  # batchfit's own lines; other libraries' warnings and worse
     logging.captureWarnings(True)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
     coding = json.loads(args.coding)

@@ -143,17 +143,18 @@ class Structures:
         return structure
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
-        extras = retry_after_healing(self.cache, "optional outputs", lambda: ExtraGroups(model, self.config.outputs))
         try:
             compiled = compile_model(model, self.cache, source=source, lock_timeout=self.config.cache.lock_timeout)
         except Exception as exc:  # noqa: BLE001 - any reason the cached path cannot take it: nutpie's path may
-            reason = one_line(exc)
+            compiled, reason = None, one_line(exc)
             warnings.warn(
                 f"model structure {structure_id[:12]} (first met in dataset '{source.dataset_id}') is fitted "
                 f"through nutpie's own compile_pymc_model, as pm.sample would, because batchfit's cached path "
                 f"cannot take it: {reason}. Fits of this structure compile in every job.",
                 stacklevel=2,
             )
+        extras = retry_after_healing(self.cache, "optional outputs", lambda: ExtraGroups(model, self.config.outputs))
+        if compiled is None:
             return Structure(structure_id, NUTPIE, model, extras, reason=reason)
         log.info("structure %s: %s", structure_id[:12], compiled.report.line())
         return Structure(structure_id, CACHED, model, extras, compiled=compiled)
