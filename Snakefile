@@ -19,10 +19,12 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
         rules.collect.output,
         rules.status.output,
+        REPORT_TARGETS,
     default_target: True
