@@ -24,7 +24,7 @@ import xarray as xr  # noqa: E402
 from arviz_stats.base import array_stats  # noqa: E402
 
 from batchfit.atomic import atomic_path  # noqa: E402
-from batchfit.collect import ENGINE, _ci_prob, _stack_elements  # noqa: E402
+from batchfit.collect import _ci_prob, _stack_elements  # noqa: E402
 from batchfit.config import Config, ReportSettings, SummarySettings  # noqa: E402
 from batchfit.errors import ConfigError  # noqa: E402
 from batchfit.variables import FREE, ROLE_ATTR, select_vars  # noqa: E402
@@ -78,12 +78,6 @@ def plot_health(summary: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
-def fitted_ids(posteriors_path: Path) -> list[str]:
-    """The datasets posteriors.nc holds (one group each), in collect's order."""
-    with netCDF4.Dataset(posteriors_path) as nc:
-        return list(nc.groups)
-
-
 def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[str]:
     """The variables `report.var_names` selects, or by default the scalar free parameters."""
     if settings.var_names is None:
@@ -96,11 +90,20 @@ def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[st
                           key="report.var_names") from None
 
 
-def _posteriors(posteriors_path: Path, dataset_ids: Sequence[str]) -> Iterator[tuple[str, xr.Dataset]]:
-    """Each dataset's posterior from posteriors.nc, one at a time."""
-    for dataset_id in dataset_ids:
-        with xr.open_dataset(posteriors_path, group=dataset_id, engine=ENGINE) as ds:
-            yield dataset_id, ds.load()
+def _posteriors(posteriors_path: Path) -> Iterator[tuple[str, xr.Dataset]]:
+    """Each dataset's posterior from posteriors.nc, one at a time, through one open file.
+
+    Opening each group with xarray re-reads the whole file's metadata (minutes for 1,000
+    datasets), as does ``open_datatree``; netCDF4 opens it once.
+    """
+    with netCDF4.Dataset(posteriors_path) as nc:
+        nc.set_auto_mask(False)
+        for dataset_id, group in nc.groups.items():
+            variables = {name: (var.dimensions, var[...], {k: var.getncattr(k) for k in var.ncattrs()
+                                                             if not k.startswith("_")})
+                         for name, var in group.variables.items()}
+            coords = {name: variables.pop(name)[1] for name in list(variables) if name in group.dimensions}
+            yield dataset_id, xr.Dataset(variables, coords=coords)
 
 
 def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, xr.DataArray]:
@@ -109,14 +112,11 @@ def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, x
     A scalar's row is its dataset (``store_007``); a vector's rows are its elements in each
     dataset (``store_007 a[g01]``), since datasets may have different coordinates.
     """
-    ids = fitted_ids(posteriors_path)
-    if not ids:
-        return {}
-    names: list[str] = []
+    names: list[str] | None = None
     labels: dict[str, list[str]] = {}
     blocks: dict[str, list[np.ndarray]] = {}
-    for dataset_id, posterior in _posteriors(posteriors_path, ids):
-        if not names:
+    for dataset_id, posterior in _posteriors(posteriors_path):
+        if names is None:
             names = forest_variables(posterior, settings)
             labels, blocks = {n: [] for n in names}, {n: [] for n in names}
         for name in names:
@@ -125,7 +125,7 @@ def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, x
             labels[name] += [dataset_id if scalar else f"{dataset_id} {label}" for label in element_labels]
             blocks[name].append(draws)
     return {name: xr.DataArray(np.moveaxis(np.concatenate(blocks[name]), 0, -1), dims=("chain", "draw", "dataset"),
-                               coords={"dataset": labels[name]}, name=name) for name in names}
+                               coords={"dataset": labels[name]}, name=name) for name in names or []}
 
 
 def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySettings) -> plt.Figure:
