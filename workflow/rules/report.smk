@@ -1,8 +1,8 @@
 # The sweep's report: `snakemake --report report.html` (or report.zip) after a run shows what
 # these rules write, with the captions in workflow/report/. The plots and pages are also plain
 # files under results_dir/plots/ and results_dir/report/ for anyone without the report.
-# Each has priority over `status`, which fails a run with failed datasets: their report is
-# written before it stops the run (Snakemake lets running jobs finish).
+# `status`, which fails a run with failed datasets, waits for them (REPORT_TARGETS), so such a
+# run still has its report.
 report: "../report/workflow.rst"
 
 
@@ -35,7 +35,6 @@ rule plots:
         settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
     log:
         RESULTS / "logs" / "plots.log",
-    priority: 1
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -78,7 +77,6 @@ rule report_pages:
         config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "report_pages.log",
-    priority: 1
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -101,7 +99,6 @@ rule sbc_plots:
         sbc_dir=RESULTS / "sbc",
     log:
         RESULTS / "logs" / "sbc_plots.log",
-    priority: 1
     conda:
         "../envs/batchfit.yaml"
     script:
