@@ -191,8 +191,9 @@ def write_plots(config: Config) -> list[Path]:
     return written
 
 
-def copy_sbc_plots(sources: Sequence[Path], sbc_dir: Path, out: Path) -> None:
+def copy_sbc_plots(sources: Sequence[str | Path], sbc_dir: str | Path, out: str | Path) -> None:
     """Copy the SBC run's PNG plots (under `sbc_dir`) to `out`, keeping their relative paths, for the report."""
+    out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     for source in map(Path, sources):
         target = out / source.relative_to(sbc_dir)
