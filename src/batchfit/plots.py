@@ -12,22 +12,18 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import netCDF4
+import numpy as np
+import pandas as pd
+import xarray as xr
+from arviz_stats.base import array_stats
 
-matplotlib.use("Agg")  # files only: no display on a cluster node
-
-import matplotlib.pyplot as plt  # noqa: E402
-import netCDF4  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import xarray as xr  # noqa: E402
-from arviz_stats.base import array_stats  # noqa: E402
-
-from batchfit.atomic import atomic_path  # noqa: E402
-from batchfit.collect import _ci_prob, _stack_elements  # noqa: E402
-from batchfit.config import Config, ReportSettings, SummarySettings  # noqa: E402
-from batchfit.errors import ConfigError  # noqa: E402
-from batchfit.variables import FREE, ROLE_ATTR, select_vars  # noqa: E402
+from batchfit.atomic import atomic_path
+from batchfit.collect import _ci_prob, _stack_elements
+from batchfit.config import Config, ReportSettings, SummarySettings
+from batchfit.errors import ConfigError
+from batchfit.variables import FREE, ROLE_ATTR, select_vars
 
 STATUSES = ("ok", "warning", "failed")
 # The health thresholds, as named in summary.csv's `message` (see batchfit.collect._health).
