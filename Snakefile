@@ -19,7 +19,16 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/sbc.smk"
 include: "workflow/rules/report.smk"
+
+
+# Light rules run in the main process, not as cluster jobs: `collect` combines files already on
+# the shared filesystem, and `status` must print its failure line on the user's terminal.
+localrules:
+    all,
+    collect,
+    status,
 
 
 rule all:

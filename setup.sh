@@ -25,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
   "$(find_python)" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test,bench]"
+.venv/bin/python -m pip install --quiet -e ".[test,bench,slurm]"
 
 if [ "${1:-}" != "--install" ]; then
   .venv/bin/snakemake --cores 2

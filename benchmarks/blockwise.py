@@ -14,12 +14,14 @@ Measures, for the log density and its gradient w.r.t. all value variables:
 
 Run from the repository root::
 
-    /work/venv/bin/python benchmarks/blockwise.py            # full run
-    /work/venv/bin/python benchmarks/blockwise.py --quick    # fewer evaluations
+    .venv/bin/python benchmarks/blockwise.py            # full run
+    .venv/bin/python benchmarks/blockwise.py --quick    # fewer evaluations
 
-The figures are printed as one table; a JSON copy goes to ``benchmarks/results/``
-(git-ignored). The compile caches live in a temporary directory, so nothing is written to
-the repository besides that file.
+The figures are printed as one table, with the date, machine and versions, followed by what
+each backend runs (see :func:`describe_function`): how many nodes are C code, Python
+``perform`` or numba, and for every ``Blockwise`` node its batch shape and how its batch is
+looped. A JSON copy goes to ``benchmarks/results/`` (git-ignored). The compile caches live in
+a temporary directory, so nothing is written to the repository besides that file.
 """
 
 from __future__ import annotations
@@ -118,6 +120,95 @@ def _median_call_time(fn, args, budget_s: float, min_calls: int, max_calls: int)
     return statistics.median(times), len(times)
 
 
+def _blockwise_loop(node) -> str:
+    """How a VM backend (C or Python) runs a Blockwise node, read from the gufunc PyTensor built for it.
+
+    ``Blockwise`` has no C code in PyTensor 3.3 (its ``c_code`` raises NotImplementedError), so
+    every VM backend runs ``Blockwise.perform``: a NumPy/SciPy gufunc over the whole batch when
+    the core op names one (``gufunc_spec``: det, slogdet, inv, matmul), otherwise a Python loop
+    calling the core op's thunk once per batch element (``_vectorize_node_perform``).
+    """
+    spec = node.op.gufunc_spec or getattr(node.op.core_op, "gufunc_spec", None)
+    if spec is not None:
+        return f"one {spec[0]} call for the whole batch"
+    gufunc = node.tag.gufunc  # set by Blockwise.prepare_node when the thunk was made
+    core_thunk = gufunc.__kwdefaults__["core_thunk"]
+    core = "C thunk" if hasattr(core_thunk, "cthunk") else "Python perform"
+    return f"Python loop, one {type(node.op.core_op).__name__} {core} per batch element"
+
+
+def _blockwise_calls(fn, args, nodes, repeats: int = 5) -> dict:
+    """Output shape and median seconds of each Blockwise node over ``repeats`` calls of ``fn``.
+
+    ``Blockwise.perform`` looks up ``node.tag.gufunc`` at every call, so wrapping it records
+    shapes and times without changing what runs; the wrappers are removed afterwards.
+    """
+    import statistics
+
+    seen: dict = {node: {"shape": None, "times": []} for node in nodes}
+    originals = {node: node.tag.gufunc for node in nodes}
+
+    def recording(node, gufunc):
+        def record(*inputs):
+            start = time.perf_counter()
+            outputs = gufunc(*inputs)
+            seen[node]["times"].append(time.perf_counter() - start)
+            seen[node]["shape"] = tuple(int(d) for d in outputs[0].shape)
+            return outputs
+        return record
+
+    try:
+        for node, gufunc in originals.items():
+            node.tag.gufunc = recording(node, gufunc)
+        for _ in range(repeats):
+            fn(*args)
+    finally:
+        for node, gufunc in originals.items():
+            node.tag.gufunc = gufunc
+    return {node: (v["shape"], statistics.median(v["times"])) for node, v in seen.items()}
+
+
+def describe_function(fn, args) -> dict:
+    """What a compiled logp+gradient function runs: nodes per implementation and every Blockwise node.
+
+    For the VM linkers (C, Python) each node's thunk says whether it is C code (``cthunk``) or a
+    Python ``perform``; each Blockwise node is listed with its batch shape at ``args`` and how its
+    batch is looped. The numba linker compiles the whole graph into one function; only
+    object-mode fallbacks would leave it.
+    """
+    from collections import Counter
+
+    import numpy as np
+    from pytensor.link.numba.linker import NumbaLinker
+    from pytensor.tensor.blockwise import Blockwise, BlockwiseWithCoreShape
+
+    from batchfit.nopython import fallbacks_in_function
+
+    fgraph = fn.maker.fgraph
+    if isinstance(fn.maker.linker, NumbaLinker):
+        nodes = fgraph.toposort()
+        blockwise = [str(n.op) for n in nodes if isinstance(n.op, Blockwise | BlockwiseWithCoreShape)]
+        fallbacks = [str(f) for f in fallbacks_in_function(fn)]
+        return {"linker": "numba", "nodes": {"numba nopython": len(nodes) - len(fallbacks),
+                                              "numba object mode": len(fallbacks)},
+                "blockwise": [{"op": op, "runs": "compiled loop inside the one numba function"} for op in blockwise],
+                "fallbacks": fallbacks, "per_element_python_calls": 0}
+    vm = fn.vm
+    kinds = Counter("C" if hasattr(thunk, "cthunk") else "Python perform" for thunk in vm.thunks)
+    blockwise = [node for node in vm.nodes if isinstance(node.op, Blockwise)]
+    measured = _blockwise_calls(fn, args, blockwise)
+    rows, calls = [], 0
+    for node in blockwise:
+        shape, seconds = measured[node]
+        batch = shape[: node.op.batch_ndim(node)]
+        runs = _blockwise_loop(node)
+        if runs.startswith("Python loop"):
+            calls += int(np.prod(batch))
+        rows.append({"op": str(node.op), "batch": batch, "output_shape": shape, "median_s": seconds, "runs": runs})
+    return {"linker": type(fn.maker.linker).__name__, "nodes": dict(kinds), "blockwise": rows,
+            "fallbacks": [], "per_element_python_calls": calls}
+
+
 def child_evaluate(budget_s: float) -> dict:
     """Median logp+gradient evaluation time under the three backends."""
     import warnings
@@ -152,7 +243,8 @@ def child_evaluate(budget_s: float) -> dict:
             float(np.max(np.abs(v - r) / (np.abs(r) + 1e-12))) for v, r in zip(values, reference, strict=True)
         )
         median, calls = _median_call_time(fn, args, budget_s, min_calls=20, max_calls=200_000)
-        results[label] = {"median_s": median, "calls": calls, "max_rel_diff_vs_numba": max_rel}
+        results[label] = {"median_s": median, "calls": calls, "max_rel_diff_vs_numba": max_rel,
+                          "runs": describe_function(fn, args)}
     return results
 
 
@@ -161,8 +253,14 @@ def child_evaluate(budget_s: float) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_child(kind: str, cache_dir: Path, extra: list[str] = ()) -> dict:
+#: Thread-count variables of the BLAS libraries NumPy, SciPy and numba's LAPACK calls may use.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _run_child(kind: str, cache_dir: Path, extra: list[str] = (), blas_threads: int | None = None) -> dict:
     env = dict(os.environ)
+    if blas_threads is not None:
+        env.update(dict.fromkeys(BLAS_THREAD_VARS, str(blas_threads)))
     env["PYTENSOR_FLAGS"] = f"base_compiledir={cache_dir}"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     t0 = time.perf_counter()
@@ -193,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter evaluation budget")
     parser.add_argument("--budget", type=float, default=None, help="seconds of calls per backend")
+    parser.add_argument("--blas-threads", type=int, default=None,
+                        help="set OPENBLAS/OMP/MKL_NUM_THREADS in the evaluating process (default: inherit); "
+                             "1 keeps SciPy's small LAPACK calls from waiting on BLAS worker threads")
     parser.add_argument("--child", choices=["compile", "evaluate"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     budget = args.budget if args.budget is not None else (1.0 if args.quick else 4.0)
@@ -209,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         cache = tmp / "cache"
         cold = _run_child("compile", cache)
         warm = _run_child("compile", cache)
-        evals = _run_child("evaluate", cache, ["--budget", str(budget)])
+        evals = _run_child("evaluate", cache, ["--budget", str(budget)], blas_threads=args.blas_threads)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -254,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     header = ("case", "time", "ratio", "notes")
     widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import load_average, machine_line
+
+    blas = {v: os.environ[v] for v in BLAS_THREAD_VARS if v in os.environ}
+    if args.blas_threads is not None:
+        blas = dict.fromkeys(BLAS_THREAD_VARS, str(args.blas_threads))
+    print(f"# blockwise: {machine_line()}; load average {load_average()}; BLAS threads: {blas or 'library default'}")
     print(title)
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
@@ -264,6 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         f"C/numba = {c_t / numba_t:.2f} (>= 1 means numba is no slower than C)"
     )
     print(f"numba fallbacks: {cold['fallbacks'] or 'none'}")
+    for label in ("numba", "c", "python"):
+        runs = evals[label]["runs"]
+        nodes = ", ".join(f"{n} {kind}" for kind, n in runs["nodes"].items())
+        print(f"\nwhat the {label} backend runs ({runs['linker']}): {nodes}; "
+              f"{runs['per_element_python_calls']} per-batch-element Python calls per evaluation")
+        for row in runs["blockwise"]:
+            if "batch" in row:
+                print(f"  {row['op']}: output {'x'.join(map(str, row['output_shape']))} "
+                      f"(batch {'x'.join(map(str, row['batch']))}), {_fmt_time(row['median_s'])}; {row['runs']}")
+            else:
+                print(f"  {row['op']}: {row['runs']}")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "blockwise.json"
@@ -274,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 "evaluate": evals,
                 "compile_cold": cold,
                 "compile_warm": warm,
+                "blas_threads": args.blas_threads,
                 "python": sys.version,
                 "machine": platform.machine(),
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

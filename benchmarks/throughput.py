@@ -14,7 +14,8 @@ serve them all with one compile; batchfit's callbacks can.
 
 Printed: median per-dataset wall time of batchfit beside the median pure sampling time and
 their ratio (target <= 2), a stage breakdown, and resident memory (peak ``ru_maxrss`` and
-current psutil RSS) after the 10th and the last dataset (target: within 10%). With a ratio
+current psutil RSS) after the 10th and the last dataset (target: within 10%), and the current RSS
+after every 50th dataset (the trajectory, for runs of a few hundred datasets). With a ratio
 above 2, or with --profile, cProfile of 10 more datasets shows where the overhead goes.
 Results: benchmarks/results/throughput/.
 """
@@ -54,8 +55,9 @@ def child(args: argparse.Namespace) -> None:
     from batchfit.data import load_dataset
 
     t_import = time.perf_counter()
-    cache, paths, ref, compiled = fit.prepare(config)
-    fitter = fit.Fitter(config, ref, compiled)
+    cache, paths, ref = fit.prepare(config)
+    fitter = fit.Fitter(config, ref, cache)
+    compiled = fitter.reference.compiled
     t_setup = time.perf_counter()
 
     # Stage timers: wrap (never replace) the functions fit_one calls; the work done is unchanged.
@@ -74,7 +76,7 @@ def child(args: argparse.Namespace) -> None:
     fit.load_dataset = timed("load", fit.load_dataset)
     fit.write_fit = timed("write NetCDF", fit.write_fit)
     fitter.build = timed("build + check", fitter.build)
-    fitter.compiled.sampler_for = timed("sampler_for", fitter.compiled.sampler_for)
+    compiled.sampler_for = timed("sampler_for", compiled.sampler_for)
     nutpie.sample = timed("nutpie.sample", real_sample)
     fitter.finish = timed("finish (data groups, attrs)", fitter.finish)
 
@@ -91,7 +93,7 @@ def child(args: argparse.Namespace) -> None:
             raise SystemExit(f"{dataset_id} failed at {outcome.stage}: {outcome.message}")
         row = {"dataset": dataset_id, "batchfit_s": outcome.seconds, **stages}
         # Pure sampling of the same dataset with the same compiled callbacks, seed and settings.
-        model = fitter.build(load_dataset(dataset_id, paths[dataset_id]))
+        model = fitter.build(load_dataset(dataset_id, paths[dataset_id], ref.coding))
         sampler = compiled.sampler_for(model)
         start = time.perf_counter()
         real_sample(sampler, draws=s.draws, tune=s.tune, chains=s.chains, cores=2,
@@ -99,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
                     progress_bar=False, save_warmup=False)
         row["pure_sample_s"] = time.perf_counter() - start
         rows.append(row)
-        if i in (10, len(ids)):
+        if i == 10 or i % 50 == 0 or i == len(ids):  # the trajectory, not just two points
             rss[i] = {"ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "rss_mib": proc.memory_info().rss / 2**20}
     fit.write_manifest(config, report)
@@ -196,6 +198,7 @@ def main() -> None:
         growth = last[key] / first[key]
         print(f"  {label:22s} {first[key]:7.0f} MiB -> {last[key]:7.0f} MiB  ratio {growth:.3f} "
               f"(target within 10%: {'met' if abs(growth - 1) <= 0.10 else 'NOT met'})")
+    print("  current RSS trajectory: " + ", ".join(f"{v['rss_mib']:.0f} MiB at {i}" for i, v in sorted(rss.items())))
     print(f"  peak RSS polled from outside: {res['peak_rss_polled_mib']:.0f} MiB")
     if res.get("profile"):
         print(f"\ncProfile of 10 more datasets through fit_one ({'asked for' if args.profile else 'ratio > 2'}):")

@@ -1,7 +1,10 @@
 """Snakemake rule `fit`: fit one batch of datasets with one compiled model."""
-from batchfit.fit import fit_batch
-from batchfit.pipeline import log_to, snakemake_config
+from batchfit.pipeline import log_to, snakemake_config, still_pending
 
+# The config first: it sets the CPU target numba compiles for, before batchfit.fit loads numba.
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
+from batchfit.fit import fit_batch  # noqa: E402
+
 with log_to(snakemake.log[0]):
-    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
+    datasets = still_pending(config, snakemake.params.datasets)
+    fit_batch(config, datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)

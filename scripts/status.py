@@ -1,4 +1,8 @@
-"""Snakemake rule `status`: exit non-zero with one line when any dataset failed."""
+"""Snakemake rule `status`: exit non-zero with one line when any dataset failed.
+
+A local rule: its stderr is the user's terminal, also on a cluster; the rule's log keeps the line too.
+"""
+import logging
 import sys
 
 from batchfit.pipeline import failure_line, log_to, snakemake_config
@@ -7,5 +11,6 @@ config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
     line = failure_line(config)
     if line:
+        logging.getLogger("batchfit").error("%s", line)
         print(line, file=sys.stderr)
         sys.exit(1)

@@ -17,26 +17,45 @@ SD_RATIO = (0.75, 1.33)  # with a few hundred effective draws each, sds agree wi
 
 def assert_same_posterior(ours: xr.Dataset, reference: xr.Dataset, *, label: str,
                           var_names: list[str] | None = None) -> None:
-    """Fail naming the variable and element whose mean or sd disagrees beyond Monte Carlo error."""
+    """Fail naming the variable and element whose mean or sd disagrees beyond Monte Carlo error.
+
+    Every variable of `reference` (or each of `var_names`) must be in `ours`, with the same
+    dimensions and coordinate labels (compared as text: 1 and "1" label the same element).
+    Elements constant in both (a Cholesky factor's zeros, a correlation's diagonal) must be equal.
+    """
     import arviz as az
 
-    names = var_names or [n for n in reference.data_vars if n in ours.data_vars]
-    assert names, f"{label}: no variable in common ({list(ours.data_vars)} vs {list(reference.data_vars)})"
+    names = var_names or list(reference.data_vars)
+    missing = [n for n in names if n not in ours.data_vars]
+    assert not missing, f"{label}: missing from ours: {missing} (ours has {list(ours.data_vars)})"
     problems = []
     for name in names:
         a, b = ours[name], reference[name]
         assert a.shape[2:] == b.shape[2:], f"{label}: {name} has shape {a.shape[2:]} vs {b.shape[2:]}"
+        assert a.dims == b.dims, f"{label}: {name} has dims {a.dims} vs {b.dims}"
+        for dim in a.dims[2:]:
+            labels_a, labels_b = _labels(a, dim), _labels(b, dim)
+            assert labels_a == labels_b, f"{label}: {name} coordinate {dim} is {labels_a} vs {labels_b}"
         mean_a, mean_b = _flat(a.mean(("chain", "draw"))), _flat(b.mean(("chain", "draw")))
         sd_a, sd_b = _flat(a.std(("chain", "draw"))), _flat(b.std(("chain", "draw")))
         mcse = np.hypot(_flat(az.mcse(a.to_dataset(), method="mean")[name]),
                         _flat(az.mcse(b.to_dataset(), method="mean")[name]))
         for i in range(mean_a.size):
+            if sd_a[i] == 0 and sd_b[i] == 0:  # a constant element: no Monte Carlo error to scale by
+                if not np.isclose(mean_a[i], mean_b[i], rtol=1e-9, atol=1e-12):
+                    problems.append(f"{name}[{i}]: constant {mean_a[i]:.6g} vs {mean_b[i]:.6g}")
+                continue
             z = abs(mean_a[i] - mean_b[i]) / max(mcse[i], 1e-12)
             ratio = sd_a[i] / sd_b[i] if sd_b[i] > 0 else (1.0 if sd_a[i] == 0 else np.inf)
             if not np.isfinite(z) or z > MAX_MEAN_Z or not SD_RATIO[0] <= ratio <= SD_RATIO[1]:
                 problems.append(f"{name}[{i}]: mean {mean_a[i]:.4g} vs {mean_b[i]:.4g} ({z:.1f} MCSE), "
                                 f"sd {sd_a[i]:.4g} vs {sd_b[i]:.4g} (ratio {ratio:.2f})")
     assert not problems, f"{label}: posteriors differ:\n  " + "\n  ".join(problems)
+
+
+def _labels(values: xr.DataArray, dim: str) -> list[str] | None:
+    """A dimension's coordinate labels as text, or None when it has none (PyMC's default index)."""
+    return [str(v) for v in values[dim].values.tolist()] if dim in values.coords else None
 
 
 def _flat(values: xr.DataArray | xr.Dataset) -> np.ndarray:

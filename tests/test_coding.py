@@ -46,10 +46,20 @@ def write(directory: Path, tables: dict[str, str]) -> dict[str, Path]:
     return paths
 
 
-def sweep(tmp_path: Path, columns: dict | None = None, *, model: str = "m.py") -> Config:
+def sweep(tmp_path: Path, columns: dict | None = None, *, model: str = "m.py", started: bool = True) -> Config:
+    """A sweep's config; ``started``: its results directory exists (a job has run), so the registry is kept."""
+    if started:
+        (tmp_path / "results").mkdir(exist_ok=True)
     return config_from_dict({"model": model, "datasets": [str(tmp_path / "data" / "*.csv")],
                              "results_dir": str(tmp_path / "results"), "columns": columns or {}},
                             source="sweep.yaml")
+
+
+def test_a_sweep_that_has_not_started_writes_nothing_and_codes_from_the_data(tmp_path: Path) -> None:
+    paths = write(tmp_path / "data", {"s1": "sex\nM\n", "s2": "sex\nF\nM\n"})
+    config = sweep(tmp_path, started=False)
+    assert sweep_coding(config, paths).labels["sex"].levels == ("F", "M")
+    assert not (tmp_path / "results").exists()
 
 
 def decoded(dataset, column: str) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from snakemake.utils import validate as snakemake_validate
 
 from batchfit.config import (
     CacheSettings,
@@ -359,9 +360,8 @@ def test_workflow_schema_is_a_relative_symlink_to_the_packaged_schema() -> None:
 
 @pytest.mark.parametrize("data", [MINIMAL, with_change("sampler.draws", 5), FULL])
 def test_snakemake_validate_fills_the_same_defaults(data: dict) -> None:
-    validate = pytest.importorskip("snakemake.utils").validate
     config = copy.deepcopy(data)
-    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    snakemake_validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
     assert config_from_dict(config) == config_from_dict(data)
     assert config == config_to_dict(config_from_dict(data))
 

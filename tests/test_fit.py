@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -204,11 +207,23 @@ def test_posterior_does_not_depend_on_position_in_batch(batch10, tmp_path, sessi
             assert np.array_equal(post[var], reference[var]), f"{var} differs when {x} is fitted {name}"
 
 
-def test_dataset_seed_depends_only_on_global_seed_and_id():
-    seeds = {dataset_seed(g, i) for g in (1, 2) for i in ("a", "b")}
-    assert len(seeds) == 4
-    assert dataset_seed(1, "a") == dataset_seed(1, "a")
-    assert all(0 <= s < 2**63 for s in seeds)
+def test_dataset_seeds_differ_between_ids_and_global_seeds_and_fit_nutpie_and_netcdf():
+    ids = ["a", "b", "A", "", "1", "store_001", "store_010", "d3"]
+    seeds = {(g, i): dataset_seed(g, i) for g in (0, 1, 2, 12, 2026) for i in ids}
+    assert len(set(seeds.values())) == len(seeds), "two (global seed, id) pairs share a seed"
+    # nutpie takes an unsigned 64-bit seed; the fit stores it as a NetCDF int64 attribute
+    assert all(0 <= s <= np.iinfo(np.int64).max for s in seeds.values()), seeds
+
+
+def test_dataset_seed_is_the_same_in_another_process():
+    """A job on another machine or a re-run must draw the same: no per-process hash randomisation."""
+    pairs = [(2026, "d3"), (1, "store_001"), (7, "")]
+    code = "import json, sys; from batchfit.fit import dataset_seed; " \
+           "print(json.dumps([dataset_seed(g, i) for g, i in json.loads(sys.argv[1])]))"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(pairs)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert json.loads(out) == [dataset_seed(g, i) for g, i in pairs]
 
 
 # --- 5. contract errors ------------------------------------------------------------------------------

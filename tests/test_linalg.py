@@ -15,6 +15,9 @@ batched Cholesky solves, depending on rewrite order).
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -240,13 +243,54 @@ def test_blockwise_without_core_shape_rejects_runtime_broadcasting():
         fn(eye, np.ones((1, N, K)))
 
 
-def test_registration_is_idempotent():
-    from pytensor.link.numba.dispatch.basic import numba_funcify_and_cache_key
+#: Run in a fresh interpreter: a batched solve whose Blockwise reaches numba without a core shape,
+#: compiled before and after importing batchfit.linalg (and after registering twice more).
+REGISTRATION_SCRIPT = """
+import json, warnings
+import numpy as np
+import pytensor, pytensor.tensor as pt, pytensor.tensor.linalg as la
+from pytensor.compile.mode import get_mode
+from pytensor.link.numba.dispatch.basic import numba_funcify_and_cache_key
+from pytensor.tensor.blockwise import Blockwise
 
-    before = numba_funcify_and_cache_key.dispatch(Blockwise)
-    batchfit.linalg.register()
-    batchfit.linalg.register()
-    assert numba_funcify_and_cache_key.dispatch(Blockwise) is before
+mode = get_mode("NUMBA").excluding("introduce_explicit_core_shape_blockwise")
+A, B = pt.tensor3("A"), pt.tensor3("B")
+rng = np.random.default_rng(0)
+a, b = rng.normal(size=(4, 3, 3)) + 6 * np.eye(3), rng.normal(size=(4, 3, 2))
+
+def compile_and_run():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = pytensor.function([A, B], la.solve(A, B), mode=mode)(a, b)
+    return {"object_mode": [str(w.message) for w in caught if "object mode" in str(w.message)],
+            "error": float(np.max(np.abs(out - np.linalg.solve(a, b))))}
+
+result = {"before": compile_and_run()}
+import batchfit.linalg
+result["after"] = compile_and_run()
+batchfit.linalg.register()
+batchfit.linalg.register()
+result["dispatch_kept"] = (numba_funcify_and_cache_key.dispatch(Blockwise)
+                           is batchfit.linalg.numba_funcify_Blockwise_dynamic_core_shape)
+result["again"] = compile_and_run()
+print(json.dumps(result))
+"""
+
+
+def test_importing_batchfit_linalg_moves_blockwise_from_object_mode_to_nopython():
+    """Checked in a fresh process, since this module imported batchfit.linalg already."""
+    proc = subprocess.run([sys.executable, "-c", REGISTRATION_SCRIPT], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # without batchfit.linalg PyTensor runs the Blockwise's perform in object mode ...
+    assert any("Blockwise{Solve" in m for m in result["before"]["object_mode"]), result["before"]
+    # ... with it the same graph compiles in nopython mode, to the same values
+    assert result["after"]["object_mode"] == [], result["after"]
+    # registering again keeps batchfit's implementation
+    assert result["dispatch_kept"]
+    assert result["again"]["object_mode"] == []
+    for stage in ("before", "after", "again"):
+        assert result[stage]["error"] < 1e-12, result
 
 
 # --------------------------------------------------------------------------------------------

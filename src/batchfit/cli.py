@@ -5,6 +5,7 @@
     batchfit fit     --config CONFIG [IDS]    fit pending (or the named) datasets
     batchfit collect --config CONFIG          combine fits; exit 1 if any dataset failed
     batchfit run     --config CONFIG          compile, fit and collect
+    batchfit sbc     --config CONFIG          simulation-based calibration; exit 1 unless it passes
     batchfit cache info|verify|prune|clear --config CONFIG (or --cache-dir DIR)
     batchfit simulate --model FILE --n N --out DIR   synthetic datasets from simulate()
 
@@ -28,10 +29,11 @@ def _parser() -> argparse.ArgumentParser:
                        ("compile", "compile the model into the cache (ahead of the fit jobs)"),
                        ("fit", "fit datasets in batches"),
                        ("collect", "combine the fits into posteriors.nc, summary.csv, failures.csv"),
-                       ("run", "compile, fit every pending dataset, collect")):
+                       ("run", "compile, fit every pending dataset, collect"),
+                       ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--config", required=True, help="the sweep's YAML config")
-        if name in ("fit", "run"):
+        if name in ("fit", "run", "sbc"):
             p.add_argument("--threads", type=int, default=1, help="threads for a dataset's chains")
         if name == "fit":
             p.add_argument("datasets", nargs="*", help="dataset ids (default: every pending dataset)")
@@ -69,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from batchfit import pipeline
     from batchfit.config import load_config
+    from batchfit.cputarget import apply_cpu_target
 
     if args.command == "cache":
         return _cache(args)
@@ -81,6 +84,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"simulate: wrote {len(paths)} datasets to {args.out}")
         return 0
     config = load_config(args.config)
+    apply_cpu_target(config.cache.cpu_target, str(args.config))
+    if args.command == "sbc":
+        from batchfit.sbc import run_sbc
+
+        result = run_sbc(config, threads=args.threads)
+        print(result.verdict())
+        return 0 if result.passed else 1
     if args.command == "check":
         from batchfit.check import check_model
 

@@ -102,7 +102,9 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None) -> Cod
     """The coding of every text column for the sweep of `config` (datasets `paths`, id -> file).
 
     Scans new or changed files, appends their new labels to the registry (written atomically
-    under a lock) and returns the coding every job of the sweep agrees on.
+    under a lock) and returns the coding every job of the sweep agrees on. Before the sweep's
+    results directory exists (a dry run of a new sweep) nothing is written: the coding is then
+    computed from the data alone, as the first job will compute and record it.
     """
     from filelock import FileLock, Timeout
 
@@ -110,7 +112,10 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None) -> Cod
 
     paths = discover_datasets(config) if paths is None else paths
     path = registry_path(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        registry = _read_registry(path)
+        _update(registry, config, paths)
+        return _coding(registry, config, paths)
     lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=config.cache.lock_timeout)
     try:
         with lock:

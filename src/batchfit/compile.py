@@ -29,12 +29,15 @@ from typing import Any
 from batchfit.cache import CacheDir, CorruptEntry, Fetched, get_or_build
 from batchfit.cache_heal import damage_message, heal, is_damage_error, retry_after_healing
 from batchfit.callbacks import WrapperSpec, make_callback, missing_inner
+from batchfit.config import OutputSettings
 from batchfit.errors import BatchfitError
 from batchfit.extras import warm_extras
 from batchfit.graphs import SamplerGraphs, compile_sampler_functions, sampler_key
 from batchfit.sampler import CompiledModel, SamplerFunctions
 
 log = logging.getLogger("batchfit")
+
+NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
 
 # Exit code of a compile worker that found damaged cache files, removed them and should be run again.
 HEALED_EXIT = 3
@@ -48,6 +51,7 @@ class ModelSource:
     dataset_id: str
     dataset_path: Path
     coding: dict[str, Any] = dataclasses.field(default_factory=dict)  # Coding.for_dataset(dataset_id)
+    outputs: OutputSettings = NO_OUTPUTS  # the optional outputs to pre-compile
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,11 @@ class CompileReport:
         return f"cache miss {self.key[:12]}: compiled in {self.compile_seconds:.1f} s"
 
 
-def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs) -> dict[str, Any]:
+def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
+                outputs: OutputSettings = NO_OUTPUTS) -> dict[str, Any]:
     """Compile the callbacks for ``model`` into the cache's numba directory; return the manifest's spec.
 
-    Also runs the per-process functions and the optional outputs once, so that what the fit
+    Also runs the per-process functions and the optional ``outputs`` once, so that what the fit
     stage compiles through PyTensor lands in PyTensor's numba cache too.
     """
     spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
@@ -87,7 +92,7 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs) ->
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
     SamplerFunctions(model).shapes()
-    warm_extras(model)
+    warm_extras(model, outputs)
     return {"spec": spec.to_json()}
 
 
@@ -120,7 +125,7 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
         if source is not None:
             return build_in_child(source, cache, key)
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
-                                   lambda: build_entry(model, cache, key, graphs))
+                                   lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
     fetched = get_or_build(cache, key, load=lambda entry: load_callbacks(cache, key, entry), build=build,
                            lock_timeout=lock_timeout)
@@ -139,7 +144,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, 
     """
     cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
-           "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding)]
+           "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding),
+           "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
     proc = _run_worker(cmd)
     if proc.returncode == HEALED_EXIT:
         warnings.warn(f"compiling cache entry {key[:12]}: {_result(proc)['healed']}", stacklevel=3)
@@ -177,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset-id", required=True)
     parser.add_argument("--dataset-path", required=True)
     parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
+    parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
     logging.captureWarnings(True)
@@ -191,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
         return 2
     try:
-        manifest = build_entry(model, cache, key, graphs)
+        outputs = json.loads(args.outputs)
+        manifest = build_entry(model, cache, key, graphs, OutputSettings(
+            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))))
     except Exception as exc:
         if not is_damage_error(exc, cache):
             raise

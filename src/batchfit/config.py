@@ -106,6 +106,7 @@ class CacheSettings:
 
     lock_timeout: float
     trust_shared: bool
+    cpu_target: str = "host"
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,24 @@ class ColumnSettings:
     levels: tuple[str, ...] | None = None
     order: str = "sorted"
     scope: str = "sweep"
+
+
+@dataclass(frozen=True)
+class SBCSettings:
+    """Simulation-based calibration (`batchfit sbc`, `snakemake sbc`), see `batchfit.sbc`.
+
+    `template` None: the first dataset by id. `simulator` None: the model file itself
+    generates the data; otherwise a model file whose ``build_model`` is the generating process.
+    `envelope_prob`: probability that a correct model's ranks pass (every element together).
+    Read by the SBC stages only, so not in any fit's provenance digest.
+    """
+
+    n_simulations: int = 100
+    template: str | None = None
+    seed: int = 2026
+    thin: int = 10
+    simulator: Path | None = None
+    envelope_prob: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,7 @@ class Config:
     source: str
     columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
     summary: SummarySettings = field(default_factory=SummarySettings)
+    sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
 
     def fit_path(self, dataset_id: str) -> Path:
@@ -321,8 +341,17 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "cache": {
             "lock_timeout": config.cache.lock_timeout,
             "trust_shared": config.cache.trust_shared,
+            "cpu_target": config.cache.cpu_target,
         },
         "columns": {name: _column_to_dict(c) for name, c in config.columns.items()},
+        "sbc": {
+            "n_simulations": config.sbc.n_simulations,
+            "template": config.sbc.template,
+            "seed": config.sbc.seed,
+            "thin": config.sbc.thin,
+            "simulator": None if config.sbc.simulator is None else str(config.sbc.simulator),
+            "envelope_prob": config.sbc.envelope_prob,
+        },
     }
 
 
@@ -348,7 +377,7 @@ def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
 
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`."""
-    s, o, h, c, m, r = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"], d["report"]
+    s, o, h, c, m, b, r = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"], d["sbc"], d["report"]
     return Config(
         model=Path(d["model"]),
         datasets=tuple(d["datasets"]),
@@ -384,9 +413,18 @@ def _build(d: dict[str, Any], source: str) -> Config:
             var_names=_var_names(r["var_names"]), filter_vars=r["filter_vars"], max_rows=int(r["max_rows"])
         ),
         max_structures=d["max_structures"],
-        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"]),
+        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"],
+                            cpu_target=c["cpu_target"]),
         source=source,
         columns={str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()},
+        sbc=SBCSettings(
+            n_simulations=int(b["n_simulations"]),
+            template=b["template"],
+            seed=int(b["seed"]),
+            thin=int(b["thin"]),
+            simulator=None if b["simulator"] is None else Path(b["simulator"]),
+            envelope_prob=float(b["envelope_prob"]),
+        ),
     )
 
 

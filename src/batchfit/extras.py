@@ -53,17 +53,22 @@ class ExtraGroups:
         return groups
 
 
-def warm_extras(template: Any) -> None:
-    """Compile and run both optional functions once so they land in PyTensor's numba cache.
+def warm_extras(template: Any, outputs: OutputSettings) -> None:
+    """Compile and run the optional functions ``outputs`` asks for once, into PyTensor's numba cache.
 
     Called by the compile worker: fit jobs then load these functions' machine code instead of
     JIT-compiling it in-process, so their results do not depend on which process compiled.
+    Only those asked for: each costs about as much compiling as the sampler's own functions.
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """
     import batchfit.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
+    wanted = [make for make, on in ((_loglik_function, outputs.log_likelihood),
+                                    (_predictive_function, outputs.posterior_predictive)) if on]
+    if not wanted:
+        return
     point = _initial_point(template)
-    for make in (_loglik_function, _predictive_function):
+    for make in wanted:
         try:
             fn, names = make(template)
             fn(*(point[name] for name in names))

@@ -39,8 +39,11 @@ def environment_fingerprint() -> str:
     import numba
     import pytensor
 
+    # numba's own choice (numba.core.codegen): the configured name and features when set, the host's
+    # otherwise; a generic name sets the features to "" (none), which must not read as "unset".
+    features = numba.config.CPU_FEATURES
     llvm_target = (llvm.get_process_triple(), numba.config.CPU_NAME or llvm.get_host_cpu_name(),
-                   numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten())
+                   features if features is not None else llvm.get_host_cpu_features().flatten())
     flags = {
         name: str(getattr(pytensor.config, name))
         for name in ("floatX", "mode", "linker", "optimizer", "optimizer_including",

@@ -37,7 +37,7 @@ from batchfit.modelfile import (
     requirements,
 )
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
-from batchfit.structures import Structure, Structures
+from batchfit.structures import CACHED, NUTPIE, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
 log = logging.getLogger("batchfit")
@@ -95,7 +95,7 @@ def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference]:
 def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
     """How a compile worker rebuilds the model of ``dataset``."""
     return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
-                       coding.for_dataset(dataset.id))
+                       coding.for_dataset(dataset.id), config.outputs)
 
 
 @dataclass
@@ -162,25 +162,48 @@ class Fitter:
 
     def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
                provenance: Provenance) -> Any:
-        """Sample one dataset's posterior with its structure's compiled model; return its DataTree."""
+        """Sample one dataset's posterior with its structure's compiled model; return its DataTree.
+
+        If batchfit's cached path fails on the dataset, it is sampled again through nutpie's own
+        compile, which is what ``pm.sample(nuts_sampler="nutpie")`` runs: a dataset only fails
+        when pm.sample would fail on it too, and its error says so.
+        """
+        seed = dataset_seed(self.config.sampler.seed, dataset.id)
+        path = structure.path
+        try:
+            tree = self._nutpie_sample(structure.sampler_model(model), seed, threads)
+        except Exception as first:
+            if path != CACHED:
+                raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) through nutpie's "
+                                    "own compile, which is what pm.sample(nuts_sampler='nutpie') runs, so it fails "
+                                    f"there too: {one_line(first)}{hint(one_line(first))}") from first
+            log.warning("%s: batchfit's cached path failed (%s); sampling it through nutpie's own compile",
+                        dataset.id, one_line(first))
+            try:
+                tree, path = self._nutpie_sample(structure.nutpie_model(model), seed, threads), NUTPIE
+            except Exception as second:
+                raise BatchfitError(
+                    f"sampling failed for dataset '{dataset.id}' ({dataset.path}) on batchfit's cached path "
+                    f"({one_line(first)}) and through nutpie's own compile, which is what "
+                    f"pm.sample(nuts_sampler='nutpie') runs: {one_line(second)}{hint(one_line(second))}"
+                ) from second
+        return self.finish(tree, model, dataset, structure, seed, provenance, path)
+
+    def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int) -> Any:
         import nutpie
 
         s = self.config.sampler
-        seed = dataset_seed(s.seed, dataset.id)
         try:
-            tree = nutpie.sample(
-                structure.sampler_model(model), draws=s.draws, tune=s.tune, chains=s.chains,
-                cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-                progress_bar=False, save_warmup=False,
-            )
+            return nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
+                                 cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+                                 progress_bar=False, save_warmup=False)
         except Exception:
             if not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
-                log.warning("nutpie's chain threads did not end within a minute after %s failed", dataset.id)
+                log.warning("nutpie's chain threads did not end within a minute after a failed sample")
             raise
-        return self.finish(tree, model, dataset, structure, seed, provenance)
 
     def finish(self, tree: Any, model: Any, dataset: Dataset, structure: Structure, seed: int,
-               provenance: Provenance) -> Any:
+               provenance: Provenance, path: str) -> Any:
         """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
         import xarray as xr
 
@@ -199,7 +222,7 @@ class Fitter:
             "seed": seed,
             "compile_key": structure.key,
             "structure": structure.id,
-            "sampler_path": structure.path,
+            "sampler_path": path,
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
@@ -311,7 +334,7 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
         message = one_line(exc)
         if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
             message = (f"{stage} failed for dataset '{dataset_id}' (file {paths.get(dataset_id)}): "
-                       f"{message}{_hint(message)}")
+                       f"{message}{hint(message)}")
         outcome = Outcome(dataset_id, "failed", time.perf_counter() - start, stage,
                           type(exc).__name__, message)
         record_failure(config, outcome, paths.get(dataset_id))
@@ -322,7 +345,7 @@ def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads:
     return Outcome(dataset_id, "ok", time.perf_counter() - start)
 
 
-def _hint(message: str) -> str:
+def hint(message: str) -> str:
     """What to look at for the sampler errors that come from the data rather than from batchfit."""
     if "initialization points failed" in message:
         return (" (the log density is not finite at any starting point: look for extreme values in "

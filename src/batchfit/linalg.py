@@ -27,8 +27,9 @@ What is registered, and why
     shapes are needed before the first call and PyTensor's object-mode fallback is kept.
 
 Small-matrix kernels (``Cholesky``, ``SolveTriangular`` …) are *not* replaced: PyTensor's
-LAPACK-backed kernels already compile, cache and perform on par with the C backend (see
-``benchmarks/blockwise.py``).
+LAPACK-backed numba kernels already compile and cache, and run inside the one nopython
+function (PyTensor's C backend, by contrast, runs every ``Blockwise`` as a Python loop over
+the batch; ``benchmarks/blockwise.py`` prints what each backend runs).
 
 The code here is written against PyTensor 3.3's public dispatch API
 (``register_funcify_and_cache_key``, ``numba_funcify_and_cache_key``) so it can move

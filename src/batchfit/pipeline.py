@@ -10,7 +10,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 from batchfit.atomic import atomic_path
 from batchfit.config import Config, check_model_file, config_from_dict
+from batchfit.cputarget import apply_cpu_target
 from batchfit.data import discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.provenance import expected_digests, recorded_digest
@@ -33,13 +36,14 @@ class Plan:
     batches: dict[str, list[str]]
 
 
-def batch_id(dataset_ids: Sequence[str], digests: Sequence[str] = ()) -> str:
-    """A batch's name from its members and their expected provenance digests.
+def batch_id(dataset_ids: Sequence[str], digests: Sequence[str] = (), retry: int = 0) -> str:
+    """A batch's name from its members, their expected provenance digests and the retry number.
 
     The same pending datasets give the same job; a changed setting gives new names, so
     Snakemake runs the batch again instead of finding the manifest of an earlier run.
     """
-    lines = [f"{d} {p}" for d, p in zip(dataset_ids, digests, strict=True)] if digests else dataset_ids
+    lines = [f"{d} {p}" for d, p in zip(dataset_ids, digests, strict=True)] if digests else list(dataset_ids)
+    lines += [f"retry {retry}"] if retry else []
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
     return f"batch-{digest}"
 
@@ -59,9 +63,9 @@ def plan(config: Config) -> Plan:
     Only pending datasets are fitted, so adding a dataset to a finished sweep fits just that one,
     and a re-run retries just the datasets that failed or whose provenance changed. Chunks are
     cut from *all* datasets, not from the pending ones, so that finishing one batch never
-    changes another: cluster executors re-read the Snakefile inside every job, and a batch
-    must still exist, with the same members, when its job starts. Cheap enough for every
-    parse: no model is built (see `batchfit.provenance` for the costs).
+    changes another. (A batch that ran and failed does change it: jobs therefore read the plan
+    their sweep recorded, see `sweep_plan`.) Cheap enough for every parse: no model is built
+    (see `batchfit.provenance` for the costs).
     """
     datasets = discover_datasets(config)
     expected = expected_digests(config, datasets)
@@ -71,8 +75,62 @@ def plan(config: Config) -> Plan:
     for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
         pending = [d for d in chunk if is_pending(config, d, expected[d])]
         if pending:
-            batches[batch_id(pending, [expected[d] for d in pending])] = pending
+            batches[untried_batch_id(config, pending, [expected[d] for d in pending])] = pending
     return Plan(datasets, batches)
+
+
+def untried_batch_id(config: Config, dataset_ids: Sequence[str], digests: Sequence[str]) -> str:
+    """The first name of these pending datasets whose batch has no manifest yet.
+
+    A manifest under the first name means the batch ran and its datasets are still pending (they
+    failed, or their fits were deleted): they are tried again under a new name, which Snakemake
+    has not seen done.
+    """
+    retry = 0
+    while config.batch_manifest_path(name := batch_id(dataset_ids, digests, retry)).exists():
+        retry += 1
+    return name
+
+
+def plan_path(config: Config) -> Path:
+    """Where a sweep's main Snakemake process records its plan for the sweep's jobs."""
+    return config.results_dir / "plan.json"
+
+
+def write_plan(config: Config, sweep: Plan) -> None:
+    """Record the plan a sweep runs with (its main process does, once its jobs are decided)."""
+    write_json(plan_path(config), {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
+                                   "batches": sweep.batches})
+
+
+def sweep_plan(config: Config, *, job: bool) -> Plan:
+    """The plan of a sweep: computed by its main process, read back by its jobs.
+
+    A job (a cluster job, or any Snakemake run of given ``--target-jobs``) re-parses the
+    Snakefile after other jobs have changed what is pending: a failed dataset is pending again,
+    a killed batch is half done. Computing the plan there would cut other batches than the ones
+    the main process scheduled, and ``collect`` would wait for manifests never written. So a
+    job uses the recorded plan (`write_plan`) when there is one.
+    """
+    path = plan_path(config)
+    if not job or not path.exists():
+        return plan(config)
+    try:
+        recorded = json.loads(path.read_text())
+        return Plan({d: Path(p) for d, p in recorded["datasets"].items()},
+                    {b: list(ids) for b, ids in recorded["batches"].items()})
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BatchfitError(f"the sweep's plan {path} is unreadable ({exc}); delete it and run the sweep "
+                            "again") from exc
+
+
+def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
+    """Those of ``dataset_ids`` without a fit of the current provenance.
+
+    A retried job (after its first attempt was killed) fits only what the first one left.
+    """
+    expected = expected_digests(config, discover_datasets(config))  # all: the coding is the sweep's
+    return [d for d in dataset_ids if d not in expected or is_pending(config, d, expected[d])]
 
 
 def run_compile(config: Config) -> dict[str, Any]:
@@ -87,13 +145,66 @@ def run_compile(config: Config) -> dict[str, Any]:
     fitter = Fitter(config, ref, cache)
     structure = fitter.reference
     return {"key": structure.key, "structure": structure.id, "path": structure.path,
-            "reference_dataset": ref.dataset.id, "line": fitter.compile_line}
+            "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
+            "reference_fit": measure_fit(config, fitter)}
+
+
+def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
+    """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
+
+    ``fitter`` holds the reference structure, just compiled. One thread and the compiling
+    process's memory: both err on the large side for a fit job. None when the fit fails: that
+    dataset's own fit job records the failure, and the jobs get default resources.
+    """
+    import resource
+
+    from batchfit.fit import one_line
+
+    ref = fitter.ref.dataset
+    start = time.perf_counter()
+    try:
+        fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
+                      provenance=fitter.provenance(ref.id, ref.path))
+    except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
+        log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.id,
+                    one_line(exc))
+        return None
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    s = config.sampler
+    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune, "chains": s.chains}
+
+
+# A fit job's resources: what the compile stage measured (`measure_fit`), scaled to the sweep's
+# sampler and the batch, with margins: sampling time varies between datasets far more than memory.
+# Before any measurement (a compile stamp written by an older batchfit) the defaults apply.
+_JOB_START_SECONDS = 120  # imports and cache load (~3 s locally, far more on a busy shared filesystem)
+_TIME_MARGIN = 3.0
+_MEMORY_MARGIN = 1.5
+_UNMEASURED = {"seconds": 60.0, "peak_rss_mb": 2000, "draws": 2000, "chains": 4}
+
+
+def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attempt: int = 1) -> dict[str, int]:
+    """``mem_mb`` and ``runtime`` (minutes) for a fit job of ``n_datasets``; both grow with ``attempt``.
+
+    A job killed for memory or time is retried by Snakemake with ``attempt`` + 1: it then asks
+    for twice (three times, ...) as much, and fits only the datasets the killed attempt left.
+    """
+    try:
+        measured = json.loads(Path(stamp_path).read_text()).get("reference_fit") or _UNMEASURED
+    except (OSError, ValueError):
+        measured = _UNMEASURED
+    s = config.sampler
+    work = ((s.draws + s.tune) * s.chains) / max(1, measured["draws"] * measured["chains"])
+    seconds = _JOB_START_SECONDS + n_datasets * measured["seconds"] * work * _TIME_MARGIN
+    return {"mem_mb": math.ceil(measured["peak_rss_mb"] * _MEMORY_MARGIN) * attempt,
+            "runtime": math.ceil(seconds / 60) * attempt}
 
 
 def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
-    Named by the model file's content and the library versions, so a sweep
+    Named by the model file's content, the CPU target and the library versions, so a sweep
     whose results were deleted (or a second sweep of the same model) finds the cache already
     filled and Snakemake skips the compile job; a changed model or an upgrade compiles again.
     """
@@ -103,17 +214,21 @@ def compile_stamp_path(config: Config) -> Path:
     from batchfit.fingerprint import LIBRARIES
 
     parts = [Path(config.model).read_bytes(), __version__.encode(),
+             config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
 
 
-def fit_threads(config: Config, cores: int, n_batches: int) -> int:
+def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
     """Threads per fit job: all cores for one batch; otherwise split cores across parallel jobs.
 
     A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
     it is better hidden by running jobs side by side than by giving one job every core.
+    ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
     """
+    if cores is None:
+        return config.sampler.chains
     parallel_jobs = max(1, min(n_batches, cores))
     return max(1, min(config.sampler.chains, cores // parallel_jobs))
 
@@ -161,10 +276,12 @@ def failure_line(config: Config) -> str | None:
 def snakemake_config(config: Mapping[str, Any], source: str) -> Config:
     """A Config from Snakemake's config dict, checked as `load_config` checks a config file.
 
-    ``source`` names its files, so every error names the key and the file to fix.
+    ``source`` names its files, so every error names the key and the file to fix. Also sets the
+    CPU target numba compiles for (`batchfit.cputarget`), which must precede loading numba.
     """
     checked = config_from_dict(dict(config), source=source)
     check_model_file(checked)
+    apply_cpu_target(checked.cache.cpu_target, source)
     return checked
 
 

@@ -44,11 +44,11 @@ from batchfit.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.fingerprint import LIBRARIES
 
-# Modules that never run while a fit is produced (command line, collect, plan, simulation,
+# Modules that never run while a fit is produced (command line, collect, plan, simulation, SBC,
 # checks, cache upkeep, this module): editing them refits nothing. Every other module counts,
 # so a new module is covered unless it is added here.
 _NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py", "pipeline.py", "provenance.py",
-                           "simulate.py"})
+                           "sbc.py", "simulate.py"})
 # A digest cached for a file modified less than this long before it was hashed is not trusted:
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.
@@ -173,7 +173,8 @@ class DigestCache:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None and self.used != self.entries:
+        # Not before the results directory exists: a dry run of a new sweep writes nothing.
+        if exc[0] is None and self.used != self.entries and self.path.parent.is_dir():
             with atomic_path(self.path) as tmp:
                 tmp.write_text(json.dumps(self.used))
 

@@ -63,6 +63,10 @@ class Structure:
         """A nutpie sampler model for ``model``, whose values are also loaded into the template."""
         if self.compiled is not None:
             return self.compiled.sampler_for(model)
+        return self.nutpie_model(model)
+
+    def nutpie_model(self, model: Any) -> Any:
+        """``model`` compiled by nutpie's own ``compile_pymc_model`` (reused for equal sizes and values)."""
         if self._loader is None:
             self._loader = SamplerFunctions(self.template)
         self._loader.load_values(model)  # the optional outputs read the template

@@ -1,10 +1,10 @@
 # Config validation and the sweep's plan: which datasets exist and which batches still need fitting.
-from pathlib import Path
+import functools
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from batchfit.pipeline import compile_stamp_path, failure_line, fit_threads, plan, snakemake_config
+from batchfit.pipeline import compile_stamp_path, fit_resources, fit_threads, snakemake_config, sweep_plan, write_plan
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
@@ -12,16 +12,69 @@ CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>
 # and check the model file; Snakemake's validate then fills the defaults in for the jobs.
 BF = snakemake_config(config, CONFIG_SOURCE)
 validate(config, "../schemas/config.schema.yaml")
-PLAN = plan(BF)
 RESULTS = BF.results_dir
 COMPILED = compile_stamp_path(BF)
-FIT_THREADS = fit_threads(BF, workflow.cores, len(PLAN.batches))
+
+
+def total_cores():
+    """--cores, or None on a cluster: its executors leave it unset (each job gets its own cores)."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return None
+
+
+# A cluster job killed for memory or time is retried with more of both (see fit_resources);
+# on one machine a retry would only repeat the same error.
+CLUSTER = not workflow.is_main_process or total_cores() is None
+FIT_RETRIES = 2 if CLUSTER else 0
+
+
+def in_job():
+    """Whether this process runs given jobs of a sweep: a cluster job, or a run of --target-jobs.
+
+    Known only once Snakemake builds the DAG (after parsing), hence a function.
+    """
+    return not workflow.is_main_process or bool(workflow.dag_settings.target_jobs)
+
+
+@functools.cache
+def sweep():
+    """The sweep's plan. A job uses the one its sweep's main process recorded (onstart, below):
+    re-planned inside a job, a failed or half-done batch would be cut anew."""
+    return sweep_plan(BF, job=in_job())
+
+
+def fit_job_threads(wildcards):
+    """On a cluster (and in its jobs) one thread per chain; on one machine the cores are shared
+    out between the batches."""
+    cores = None if CLUSTER or in_job() else total_cores()
+    return fit_threads(BF, cores, len(sweep().batches))
+
+
+onstart:
+    if not in_job():
+        write_plan(BF, sweep())
 
 
 def batch_datasets(wildcards):
     """Data files of one batch (inputs: they must exist; a changed one changes the batch's name)."""
-    return [str(PLAN.datasets[d]) for d in PLAN.batches[wildcards.batch]]
+    return [str(sweep().datasets[d]) for d in batch_members(wildcards)]
+
+
+def batch_members(wildcards):
+    """The datasets of one batch, as planned; an unknown batch is an error naming the plan."""
+    try:
+        return sweep().batches[wildcards.batch]
+    except KeyError:
+        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({RESULTS / 'plan.json'})")
 
 
 def batch_manifests(wildcards):
-    return [str(BF.batch_manifest_path(b)) for b in PLAN.batches]
+    return [str(BF.batch_manifest_path(b)) for b in sweep().batches]
+
+
+def fit_resource(name):
+    """A fit job's `name` resource from the batch and the compile stage's measurement."""
+    return lambda wildcards, input, attempt: fit_resources(
+        BF, len(batch_members(wildcards)), input.compiled, attempt)[name]

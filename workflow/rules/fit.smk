@@ -4,6 +4,8 @@ rule fit:
     Only pending batches exist (batchfit.pipeline.plan: fits whose recorded provenance differs
     from the config's), and a batch's name holds its members' provenance digests, so a changed
     setting, model or data file gives a new batch (and job) while touching a file gives none.
+    Memory and time follow the batch's size and what the compile stage measured, and grow with
+    each retry; a retry fits only the datasets a killed attempt left.
     """
     input:
         compiled=rules.compile.output[0],
@@ -15,10 +17,12 @@ rule fit:
         RESULTS / "logs" / "fit" / "{batch}.log",
     params:
         config_source=CONFIG_SOURCE,
-        datasets=lambda wildcards: PLAN.batches[wildcards.batch],
-    threads: FIT_THREADS
+        datasets=batch_members,
+    threads: fit_job_threads
     resources:
-        mem_mb=4000,
+        mem_mb=fit_resource("mem_mb"),
+        runtime=fit_resource("runtime"),
+    retries: FIT_RETRIES
     conda:
         "../envs/batchfit.yaml"
     script:

@@ -1,0 +1,8 @@
+"""Snakemake rule `sbc_fit`: fit one batch of simulated datasets with one compiled model."""
+from batchfit.fit import fit_batch
+from batchfit.pipeline import log_to, snakemake_config
+from batchfit.sbc import sbc_config
+
+config = sbc_config(snakemake_config(snakemake.config, snakemake.params.config_source))
+with log_to(snakemake.log[0]):
+    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)

@@ -1,0 +1,11 @@
+"""Snakemake checkpoint `sbc_simulate`: write the missing or outdated simulated datasets."""
+import logging
+
+from batchfit.pipeline import log_to, snakemake_config, write_json
+from batchfit.sbc import simulate
+
+config = snakemake_config(snakemake.config, snakemake.params.config_source)
+with log_to(snakemake.log[0]):
+    report = simulate(config)
+    logging.getLogger("batchfit").info(report.one_line())
+    write_json(snakemake.output[0], {"n_simulations": config.sbc.n_simulations, "written": report.written})

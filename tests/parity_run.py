@@ -1,0 +1,121 @@
+"""Fit corpus models one after the other in this process: ``python parity_run.py SIDE ROOT NAME...``.
+
+SIDE is ``batchfit`` (the library's fit stage, as ``batchfit fit`` runs it) or
+``reference`` (``pm.sample(nuts_sampler="nutpie")`` on the same files, read without batchfit's
+readers so a reader bug cannot hide in both). For each NAME it writes ``ROOT/NAME/SIDE.started``
+first and ``ROOT/NAME/SIDE.json`` (status, message, seconds) last; the reference also writes
+``reference.nc``. A process that dies leaves a ``.started`` without a ``.json``: the test's driver
+records that model as crashed and starts a new process for the rest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIDES = ("batchfit", "reference")
+
+
+class TableData:
+    """What ``build_model(data)`` receives, read independently of batchfit: arrays and text labels.
+
+    Text columns become codes 0..K-1 of their sorted labels (batchfit's documented coding);
+    NetCDF data variables keep their rank and 1-D coordinates become labels.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.coords: dict[str, tuple] = {}
+        if path.suffix == ".csv":
+            import pandas as pd
+
+            for name, column in pd.read_csv(path).items():
+                if not pd.api.types.is_numeric_dtype(column):
+                    labels = tuple(sorted(column.unique()))
+                    self.arrays[name] = np.searchsorted(labels, column.to_numpy()).astype(np.int64)
+                    self.coords[name] = labels
+                else:
+                    self.arrays[name] = column.to_numpy()
+        else:
+            import xarray as xr
+
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                self.arrays = {str(k): np.asarray(v.values) for k, v in ds.data_vars.items()}
+                self.coords = {str(k): tuple(c.values.tolist()) for k, c in ds.coords.items() if c.ndim == 1}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays
+
+    def keys(self) -> Any:
+        return self.arrays.keys()
+
+
+def fit_reference(directory: Path, sampler: dict[str, Any]) -> None:
+    """pm.sample with nutpie on the case's model file and dataset; the posterior goes to reference.nc."""
+    import pymc as pm
+
+    spec = importlib.util.spec_from_file_location(f"parity_{directory.name.replace('-', '_')}",
+                                                  directory / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    [data_file] = sorted((directory / "data").iterdir())
+    model = module.build_model(TableData(data_file))
+    with model:
+        idata = pm.sample(draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"],
+                          nuts_sampler="nutpie", random_seed=sampler["seed"] + 1, progressbar=False)
+    idata.posterior.to_netcdf(directory / "reference.nc", engine="h5netcdf")
+
+
+def fit_batchfit(directory: Path) -> None:
+    """What ``batchfit fit --config`` does for the case; a failed dataset raises its recorded message.
+
+    The fit stage alone, as the CLI's ``fit`` runs it (it compiles on a cache miss): the compile
+    stage's extra nopython check would compile every model twice.
+    """
+    from batchfit import pipeline
+    from batchfit.config import load_config
+
+    config = load_config(directory / "config.yaml")
+    pipeline.run_fit(config, threads=2)
+    failures = list((config.results_dir / "failures").glob("*.json"))
+    if failures:
+        raise RuntimeError(json.loads(failures[0].read_text())["message"])
+
+
+def main(side: str, root: Path, names: list[str]) -> None:
+    import logging
+
+    import yaml
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("batchfit").setLevel(logging.INFO)  # the compile line, with its time
+
+    for name in names:
+        directory = root / name
+        (directory / f"{side}.started").touch()
+        start = time.perf_counter()
+        try:
+            if side == "reference":
+                fit_reference(directory, yaml.safe_load((directory / "config.yaml").read_text())["sampler"])
+            else:
+                fit_batchfit(directory)
+            result = {"status": "ok", "message": ""}
+        except Exception as exc:  # every failure is a result to report, not a reason to stop the corpus
+            result = {"status": "failed", "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+        result["seconds"] = round(time.perf_counter() - start, 2)
+        (directory / f"{side}.json").write_text(json.dumps(result))
+        print(name, result, flush=True)
+
+
+if __name__ == "__main__":
+    assert sys.argv[1] in SIDES, sys.argv[1]
+    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])

@@ -1,0 +1,142 @@
+"""Cluster behaviour without a cluster: one plan for every job of a sweep, job resources, CPU targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from batchfit.config import config_from_dict
+from batchfit.pipeline import fit_resources
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "models" / "hierarchical.py"
+
+
+def sweep_with_a_broken_dataset(root: Path, cache: Path) -> Path:
+    """Four good datasets and one whose `y` column is missing, in batches of two; its config file."""
+    from batchfit.simulate import simulate_datasets
+
+    paths = simulate_datasets(MODEL, root / "data", 4, seed=3, prefix="shop")
+    pd.read_csv(paths[0]).drop(columns="y").to_csv(root / "data" / "shop_broken.csv", index=False)
+    config = {"model": str(MODEL), "datasets": ["data/*.csv"], "batch_size": 2,
+              "sampler": {"draws": 50, "tune": 50, "chains": 2, "seed": 5}, "cache_dir": str(cache),
+              "results_dir": "results", "columns": {"group": {"scope": "dataset"}}}
+    path = root / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def snakemake(root: Path, config: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+                           "--directory", str(root), "--configfile", str(config), *extra],
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_cache):
+    """A cluster job re-parses the Snakefile after datasets failed: collect must find its inputs.
+
+    Then a plain re-run still retries the failed dataset (and only it), in a batch of its own.
+    """
+    config = sweep_with_a_broken_dataset(tmp_path, session_cache)
+    first = snakemake(tmp_path, config, "--cores", "2")
+    assert first.returncode != 0
+    assert "batchfit: 1 dataset(s) failed (shop_broken); see results/failures.csv" in first.stderr
+    planned = json.loads((tmp_path / "results" / "plan.json").read_text())["batches"]
+    assert sorted(d for members in planned.values() for d in members) == [
+        "shop_000", "shop_001", "shop_002", "shop_003", "shop_broken"]
+
+    summary = tmp_path / "results" / "summary.csv"
+    summary.unlink()
+    job = snakemake(tmp_path, config, "--target-jobs", "collect:", "--allowed-rules", "collect", "--force",
+                    "--cores", "1")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "MissingInputException" not in job.stderr
+    status = pd.read_csv(summary).groupby("dataset")["status"].first()
+    assert sorted(status.index) == ["shop_000", "shop_001", "shop_002", "shop_003", "shop_broken"]
+    assert status["shop_broken"] == "failed" and "failed" not in set(status.drop("shop_broken"))
+
+    retry = snakemake(tmp_path, config, "--cores", "2", "--dry-run")
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert re.search(r"^fit\s+1$", retry.stdout, re.MULTILINE), retry.stdout  # one fit job: the failed dataset
+    again = snakemake(tmp_path, config, "--cores", "2")
+    assert "batchfit: 1 dataset(s) failed (shop_broken)" in again.stderr
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "results" / "batches").glob("*.json")]
+    assert sorted(list(m["datasets"]) for m in manifests)[-1] == ["shop_broken"]
+    assert sum(list(m["datasets"]) == ["shop_broken"] for m in manifests) == 2
+
+
+def test_a_batch_that_ran_is_retried_under_a_new_name(tmp_path):
+    """Its datasets are still pending (they failed): Snakemake must see a job not yet done."""
+    from batchfit.pipeline import batch_id, untried_batch_id
+
+    config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)], "results_dir": str(tmp_path)})
+    first = untried_batch_id(config, ["a", "b"], ["1", "2"])
+    assert first == batch_id(["a", "b"], ["1", "2"])
+    config.batch_manifest_path(first).parent.mkdir(parents=True)
+    config.batch_manifest_path(first).write_text("{}")
+    second = untried_batch_id(config, ["a", "b"], ["1", "2"])
+    assert second != first
+    config.batch_manifest_path(second).write_text("{}")
+    assert untried_batch_id(config, ["a", "b"], ["1", "2"]) not in (first, second)
+
+
+def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path):
+    config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)],
+                               "sampler": {"draws": 1000, "tune": 1000, "chains": 4}})
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"reference_fit": {"seconds": 2.0, "peak_rss_mb": 400, "draws": 2000,
+                                                   "chains": 4}}))
+    one, many = fit_resources(config, 10, stamp), fit_resources(config, 1000, stamp)
+    assert one["mem_mb"] == many["mem_mb"] >= 400  # memory does not grow with the batch
+    assert many["runtime"] * 60 >= 1000 * 2.0  # at least the measured time of every dataset
+    assert one["runtime"] < many["runtime"]
+    again = fit_resources(config, 1000, stamp, attempt=2)
+    assert again["mem_mb"] == 2 * many["mem_mb"] and again["runtime"] == 2 * many["runtime"]
+    half = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)],
+                             "sampler": {"draws": 500, "tune": 500, "chains": 4}})
+    assert fit_resources(half, 1000, stamp)["runtime"] < many["runtime"]  # less sampling, less time
+    assert fit_resources(config, 10, tmp_path / "missing.json")["mem_mb"] > 0  # unmeasured: defaults
+
+
+def _target_in_child(env: dict[str, str], cpu_target: str) -> list:
+    """The CPU target of the cache key, as a fresh process that applies ``cpu_target`` sees it."""
+    code = ("import json, sys; from batchfit.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
+            "import numba, llvmlite.binding as llvm; from batchfit import fingerprint as fp;"
+            "print(json.dumps([fp.environment_fingerprint(), numba.config.CPU_NAME, numba.config.CPU_FEATURES,"
+            "llvm.get_host_cpu_name()]))")
+    proc = subprocess.run([sys.executable, "-c", code, cpu_target], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_generic_cpu_target_gives_numba_a_portable_cpu_and_its_own_cache_key():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    host_key, host_name, host_features, cpu = _target_in_child(env, "host")
+    generic_key, generic_name, generic_features, _ = _target_in_child(env, "generic")
+    assert (host_name, host_features) == (None, None)  # numba's default: the host CPU, all its features
+    assert (generic_name, generic_features) == ("generic", "")
+    assert generic_key != host_key
+    # The same as numba configured by hand: the key follows what numba compiles for.
+    assert _target_in_child({**env, "NUMBA_CPU_NAME": "generic"}, "generic")[0] == generic_key
+    # "host" is the host even where the environment names another CPU: the config decides.
+    assert _target_in_child({**env, "NUMBA_CPU_NAME": cpu}, "host")[0] == host_key
+
+
+def test_cpu_target_cannot_change_once_numba_is_loaded():
+    import numba  # noqa: F401 - loaded for the host CPU, as in every test process
+
+    from batchfit.cputarget import apply_cpu_target
+    from batchfit.errors import BatchfitError
+
+    with pytest.raises(BatchfitError, match="cache.cpu_target 'generic' .* must be set before numba is loaded"):
+        apply_cpu_target("generic", "sweep.yaml")

@@ -1,0 +1,56 @@
+"""The compile worker (a child process) reports to the job: its warnings and log lines reach the
+job's log, and its failure is the job's error with the worker's last words."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+WARNING_MODEL = textwrap.dedent("""\
+    import warnings
+    import pymc as pm
+
+    def build_model(data):
+        warnings.warn("build_model says: check the priors of {tag}")
+        with pm.Model() as model:
+            y = pm.Data("y", data["y"])
+            mu = pm.Normal("mu", {centre}, 1.0)
+            pm.Normal("obs", mu, 1.0, observed=y, shape=y.shape)
+        return model
+""")
+
+
+def compile_in_child(tmp_path: Path, source: str, cache_dir: Path):
+    from batchfit.cache import open_cache
+    from batchfit.compile import ModelSource, compile_model
+    from batchfit.data import load_dataset
+    from batchfit.modelfile import build_model, load_model_file
+
+    (tmp_path / "model.py").write_text(source)
+    pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "d.csv", index=False)
+    dataset = load_dataset("d", tmp_path / "d.csv")
+    model = build_model(load_model_file(tmp_path / "model.py"), dataset)
+    source = ModelSource(tmp_path / "model.py", "d", tmp_path / "d.csv")
+    return compile_model(model, open_cache(cache_dir), source=source)
+
+
+def test_worker_warnings_reach_the_jobs_log(tmp_path, session_cache, caplog):
+    with caplog.at_level(logging.INFO, logger="batchfit"), pytest.warns(UserWarning, match="says"):
+        compiled = compile_in_child(tmp_path, WARNING_MODEL.format(tag="worker-test", centre="0.25"), session_cache)
+    assert not compiled.report.hit
+    worker_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compile worker:")]
+    assert any("build_model says: check the priors of worker-test" in line for line in worker_lines), worker_lines
+
+
+def test_worker_failure_is_the_jobs_error_with_its_last_words(tmp_path, session_cache):
+    from batchfit.errors import BatchfitError
+
+    # Differs between processes: the parent's key never matches the worker's.
+    source = WARNING_MODEL.format(tag="x", centre="__import__('os').getpid() * 1e-9")
+    with pytest.raises(BatchfitError, match="build_model must be deterministic"), pytest.warns(UserWarning):
+        compile_in_child(tmp_path, source, session_cache)

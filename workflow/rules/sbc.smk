@@ -1,0 +1,83 @@
+# Simulation-based calibration: `snakemake sbc --cores N` (see batchfit.sbc and the README).
+# The simulated datasets are made by a checkpoint, then planned, fitted and collected as a sweep
+# of their own under {results}/sbc with the same compile cache (the `compile` rule's stamp).
+import functools
+
+from batchfit.sbc import sbc_config, sbc_root, template
+
+SBC = sbc_root(BF)
+SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
+                "simulator": str(BF.sbc.simulator or BF.model)}
+
+
+@functools.cache
+def _sbc_plan(simulations_mtime_ns):
+    """The simulated sweep's plan, made again whenever the checkpoint has rewritten its output."""
+    return plan(sbc_config(BF))
+
+
+def sbc_plan():
+    stamp = Path(checkpoints.sbc_simulate.get().output[0])
+    return _sbc_plan(stamp.stat().st_mtime_ns)
+
+
+checkpoint sbc_simulate:
+    """Write the simulated datasets and their true values that are missing or outdated (never others)."""
+    input:
+        model=str(BF.model),
+        simulator=str(BF.sbc.simulator or BF.model),
+        template=str(template(BF)[1]),
+    output:
+        SBC / "simulations.json",
+    params:
+        config_source=CONFIG_SOURCE,
+        settings=SBC_SETTINGS,
+    log:
+        SBC / "logs" / "simulate.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/sbc_simulate.py"
+
+
+rule sbc_fit:
+    """One batch of simulated datasets, fitted exactly as the `fit` rule fits real ones."""
+    input:
+        compiled=rules.compile.output[0],
+        model=str(BF.model),
+        data=lambda wildcards: [str(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
+    output:
+        SBC / "batches" / "{batch}.json",
+    log:
+        SBC / "logs" / "fit" / "{batch}.log",
+    params:
+        config_source=CONFIG_SOURCE,
+        datasets=lambda wildcards: sbc_plan().batches[wildcards.batch],
+    threads: lambda wildcards: fit_threads(BF, workflow.cores, len(sbc_plan().batches))
+    resources:
+        mem_mb=4000,
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/sbc_fit.py"
+
+
+rule sbc:
+    """Ranks, the uniformity test, the verdict line and one plot per parameter."""
+    input:
+        simulations=SBC / "simulations.json",
+        batches=lambda wildcards: [str(SBC / "batches" / f"{b}.json") for b in sbc_plan().batches],
+    output:
+        ranks=SBC / "ranks.csv",
+        ranks_nc=SBC / "ranks.nc",
+        uniformity=SBC / "uniformity.csv",
+        verdict=SBC / "verdict.txt",
+    params:
+        config_source=CONFIG_SOURCE,
+        settings={"thin": BF.sbc.thin, "envelope_prob": BF.sbc.envelope_prob},
+    log:
+        SBC / "logs" / "ranks.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/sbc_ranks.py"
