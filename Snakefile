@@ -20,6 +20,7 @@ include: "workflow/rules/compile.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/sbc.smk"
+include: "workflow/rules/report.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
@@ -34,4 +35,5 @@ rule all:
     input:
         rules.collect.output,
         rules.status.output,
+        REPORT_TARGETS,
     default_target: True

@@ -86,6 +86,21 @@ class SummarySettings:
 
 
 @dataclass(frozen=True)
+class ReportSettings:
+    """What the sweep report's forest plots show (the `plots` rule; `report.*` in the config).
+
+    `var_names` None: the scalar free parameters. Variables are chosen among those posteriors.nc
+    holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
+    x element) is drawn as a summary view, its intervals sorted by mean, without a label per row.
+    Read by the plots rule only, so not in the provenance digest: changing it refits nothing.
+    """
+
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
+    max_rows: int = 50
+
+
+@dataclass(frozen=True)
 class CacheSettings:
     """Behaviour of the compiled-model cache."""
 
@@ -145,6 +160,7 @@ class Config:
     columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
 
     def fit_path(self, dataset_id: str) -> Path:
         """Where the posterior of one dataset is written."""
@@ -320,6 +336,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "ci_prob": config.summary.ci_prob,
             "ci_kind": config.summary.ci_kind,
         },
+        "report": {**_selection_to_dict(config.report), "max_rows": config.report.max_rows},
         "max_structures": config.max_structures,
         "cache": {
             "lock_timeout": config.cache.lock_timeout,
@@ -338,7 +355,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     }
 
 
-def _selection_to_dict(settings: OutputSettings | HealthSettings | SummarySettings) -> dict[str, Any]:
+def _selection_to_dict(settings: OutputSettings | HealthSettings | SummarySettings | ReportSettings) -> dict[str, Any]:
     """The `var_names`/`filter_vars` keys of a section as written in a config file."""
     names = settings.var_names
     return {"var_names": None if names is None else list(names), "filter_vars": settings.filter_vars}
@@ -360,7 +377,7 @@ def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
 
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`."""
-    s, o, h, c, m, b = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"], d["sbc"]
+    s, o, h, c, m, b, r = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"], d["sbc"], d["report"]
     return Config(
         model=Path(d["model"]),
         datasets=tuple(d["datasets"]),
@@ -391,6 +408,9 @@ def _build(d: dict[str, Any], source: str) -> Config:
             filter_vars=m["filter_vars"],
             ci_prob=None if m["ci_prob"] is None else float(m["ci_prob"]),
             ci_kind=m["ci_kind"],
+        ),
+        report=ReportSettings(
+            var_names=_var_names(r["var_names"]), filter_vars=r["filter_vars"], max_rows=int(r["max_rows"])
         ),
         max_structures=d["max_structures"],
         cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"],

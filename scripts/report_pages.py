@@ -1,0 +1,7 @@
+"""Snakemake rule `report_pages`: health, tables and provenance as HTML under results_dir/report/."""
+from batchfit.pipeline import log_to, snakemake_config
+from batchfit.report import write_report_pages
+
+config = snakemake_config(snakemake.config, snakemake.params.config_source)
+with log_to(snakemake.log[0]):
+    write_report_pages(config)

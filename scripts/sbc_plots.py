@@ -1,0 +1,6 @@
+"""Snakemake rule `sbc_plots`: the SBC run's PNG plots copied to results_dir/plots/sbc/ for the report."""
+from batchfit.pipeline import log_to
+from batchfit.plots import copy_sbc_plots
+
+with log_to(snakemake.log[0]):
+    copy_sbc_plots(snakemake.input, snakemake.params.sbc_dir, snakemake.output[0])

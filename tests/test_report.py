@@ -1,0 +1,208 @@
+"""The sweep report: forest data and views against arviz-stats, and the real report opened in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import arviz_stats as azs
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from test_pipeline import snakemake, write_sweep
+
+from batchfit.config import ReportSettings, SummarySettings
+from batchfit.errors import ConfigError
+from batchfit.plots import forest_draws, forest_figure
+from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def write_posteriors(path: Path, n_datasets: int, seed: int = 0) -> dict[str, xr.Dataset]:
+    """A posteriors.nc as collect writes it (a group per dataset, roles as attributes); returns the groups."""
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for i in range(n_datasets):
+        n_groups = 2 + i % 3  # datasets differ in their coordinates
+        ds = xr.Dataset({
+            "mu": (("chain", "draw"), rng.normal(i, 1.0, (2, 50)), {ROLE_ATTR: FREE}),
+            "a": (("chain", "draw", "groups"), rng.normal(size=(2, 50, n_groups)), {ROLE_ATTR: FREE}),
+            "twice_mu": (("chain", "draw"), rng.normal(size=(2, 50)), {ROLE_ATTR: DETERMINISTIC}),
+        }, coords={"groups": [f"g{j}" for j in range(n_groups)]})
+        groups[f"ds_{i:02d}"] = ds
+    xr.DataTree.from_dict(groups).to_netcdf(path, engine="netcdf4")
+    return groups
+
+
+def test_forest_draws_default_to_scalar_free_parameters_one_row_per_dataset(tmp_path):
+    groups = write_posteriors(tmp_path / "posteriors.nc", 4)
+    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())
+    assert list(draws) == ["mu"]
+    assert list(draws["mu"]["dataset"].values) == list(groups)
+    for dataset_id, ds in groups.items():
+        np.testing.assert_array_equal(draws["mu"].sel(dataset=dataset_id).values, ds["mu"].values)
+
+
+def test_forest_draws_of_a_vector_have_a_row_per_dataset_and_element(tmp_path):
+    groups = write_posteriors(tmp_path / "posteriors.nc", 3)
+    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings(var_names=("a",)))["a"]
+    expected = [f"{d} a[{g}]" for d, ds in groups.items() for g in ds["groups"].values]
+    assert list(draws["dataset"].values) == expected
+    np.testing.assert_array_equal(draws.sel(dataset="ds_02 a[g3]").values, groups["ds_02"]["a"].sel(groups="g3").values)
+
+
+def test_an_unknown_report_variable_is_a_config_error_naming_the_key(tmp_path):
+    write_posteriors(tmp_path / "posteriors.nc", 2)
+    with pytest.raises(ConfigError, match="report.var_names") as info:
+        forest_draws(tmp_path / "posteriors.nc", ReportSettings(var_names=("sigma",)))
+    assert "'sigma'" in str(info.value)
+
+
+def test_forest_labels_every_row_up_to_max_rows(tmp_path):
+    write_posteriors(tmp_path / "posteriors.nc", 5)
+    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())["mu"]
+    fig = forest_figure(draws, max_rows=5, summary=SummarySettings())
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert set(draws["dataset"].values) <= texts
+
+
+@pytest.mark.parametrize("ci_kind", ["hdi", "eti"])
+def test_summary_view_draws_arviz_intervals_sorted_by_mean(tmp_path, ci_kind):
+    write_posteriors(tmp_path / "posteriors.nc", 30, seed=3)
+    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())["mu"]
+    summary = SummarySettings(ci_prob=0.9, ci_kind=ci_kind)
+    fig = forest_figure(draws, max_rows=10, summary=summary)
+    ax = fig.axes[0]
+    assert len(ax.get_yticklabels()) <= 11  # a summary view: not a label per row
+    segments = np.array(ax.collections[0].get_segments())  # the outer intervals, bottom to top
+    reference = getattr(azs, ci_kind)(draws, prob=0.9, dim=["chain", "draw"])
+    order = np.argsort(draws.mean(["chain", "draw"]).values, kind="stable")
+    np.testing.assert_allclose(segments[:, 0, 0], reference.values[order, 0])
+    np.testing.assert_allclose(segments[:, 1, 0], reference.values[order, 1])
+
+
+def missing(message: str) -> None:
+    """The browser test cannot run: a failure in CI (it must run there), a skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def chromium() -> str:
+    """Debian's chromium, installed when missing and we are root (as in CI)."""
+    path = shutil.which("chromium")
+    if path is None and os.geteuid() == 0:
+        subprocess.run("apt-get update -q && apt-get install -y -q chromium", shell=True, capture_output=True,
+                       timeout=900)
+        path = shutil.which("chromium")
+    if path is None:
+        missing("chromium is not installed and could not be (apt-get install chromium)")
+    return path
+
+
+@pytest.mark.slow
+def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache):
+    browser_path = chromium()
+    try:
+        from playwright.sync_api import sync_playwright  # drives the system chromium: no browser download
+    except ImportError:
+        missing("playwright is not installed (pip install -e '.[test]')")
+    config = write_sweep(tmp_path, session_cache, 3)
+    bad = pd.read_csv(tmp_path / "data" / "shop_000.csv")
+    bad.loc[0, "y"] = np.nan
+    bad.to_csv(tmp_path / "data" / "shop_bad.csv", index=False)  # fails to load: a failure to report
+
+    run = snakemake(tmp_path, config)
+    assert run.returncode != 0 and "1 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    results = tmp_path / "results"
+    forest = sorted(p.name for p in (results / "plots" / "forest").glob("*.png"))
+    assert forest == ["b.png", "mu_a.png", "sigma.png", "sigma_a.png"]  # the scalar free parameters
+
+    # An SBC run's plots, where it leaves them (results_dir/sbc/**/*.png): the next run copies them for the report.
+    (results / "sbc" / "mu_a").mkdir(parents=True)
+    fig = plt.figure(figsize=(4, 3))
+    fig.gca().hist(np.random.default_rng(0).integers(0, 100, 500), bins=20)
+    fig.savefig(results / "sbc" / "mu_a" / "ranks.png")
+    plt.close(fig)
+    run = snakemake(tmp_path, config)
+    assert run.returncode != 0 and "1 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    assert (results / "plots" / "sbc" / "mu_a" / "ranks.png").read_bytes() == \
+        (results / "sbc" / "mu_a" / "ranks.png").read_bytes()
+    for kind in ("html", "zip"):
+        made = snakemake(tmp_path, config, "--report", f"report.{kind}")
+        assert made.returncode == 0, made.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / "report.zip") as archive:
+        names = {Path(n).name for n in archive.namelist()}
+    assert {"report.html", "health.png", *forest, "ranks.png", "health.html", "summary.html", "failures.html",
+            "provenance.html"} <= names
+
+    summary = pd.read_csv(results / "summary.csv")
+    per_dataset = summary.drop_duplicates("dataset").set_index("dataset")
+    compile_key = xr.open_datatree(results / "fits" / "shop_001.nc").attrs["compile_key"]
+    artifacts = Path(os.environ.get("BATCHFIT_TEST_ARTIFACTS", tmp_path / "screenshots"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    print(f"report screenshots: {artifacts}")
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=browser_path, args=CHROMIUM_FLAGS[1:],
+            headless=True, viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+        page.goto((tmp_path / "report.html").as_uri())
+        assert "batchfit fitted the model" in page.inner_text("body")
+        page.screenshot(path=artifacts / "report-start.png")
+
+        def open_result(category: str, name: str) -> None:
+            """Open the report afresh, then a category, then one result (by its label) in it."""
+            page.goto((tmp_path / "report.html").as_uri())
+            page.get_by_role("link", name=category).click()
+            page.locator("tr", has_text=name).locator("a").first.click()
+            page.wait_for_timeout(300)
+            page.screenshot(path=artifacts / f"report-{name.replace('/', '_')}.png")
+
+        def shown_png() -> list[int]:
+            """Natural widths of the PNG results on view (0 if one did not decode)."""
+            return page.eval_on_selector_all(
+                "img[src^='data:image/png']", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+
+        def shown_page() -> str:
+            frames = [f for f in page.frames if f.url.startswith("data:text/html")]
+            assert len(frames) == 1, [f.url[:60] for f in page.frames]
+            return frames[0].inner_text("body")
+
+        shown = [("1. Health", "bar charts"), *[("2. Forest plots", f[:-4]) for f in forest],
+                 ("4. Simulation-based calibration", "mu_a/ranks")]
+        for category, name in shown:
+            open_result(category, name)
+            widths = shown_png()
+            assert len(widths) == 1 and widths[0] > 100, (name, widths)
+
+        open_result("1. Health", "warnings and failures")
+        text = shown_page()
+        counts = per_dataset["status"].value_counts()
+        assert f"{counts.get('ok', 0)}\t{counts.get('warning', 0)}\t1\t4" in text  # ok, warning, failed, total
+        for dataset_id, row in per_dataset[per_dataset["status"] != "ok"].iterrows():
+            assert dataset_id in text and str(row["message"]).split(";")[0] in text
+
+        open_result("3. Tables", "diagnostics (summary.csv)")
+        text = shown_page()
+        assert all(f"{d}\t{p}" in text for d, p in summary[["dataset", "parameter"]].dropna().itertuples(index=False))
+
+        open_result("3. Tables", "failures (failures.csv)")
+        assert "shop_bad" in shown_page()
+
+        open_result("5. Provenance", "versions")
+        text = shown_page()
+        assert compile_key in text and "models/hierarchical.py" in text and "pymc" in text
+        context.close()
+    assert errors == []

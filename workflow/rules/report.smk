@@ -1,0 +1,112 @@
+# The sweep's report: `snakemake --report report.html` (or report.zip) after a run shows what
+# these rules write, with the captions in workflow/report/. The plots and pages are also plain
+# files under results_dir/plots/ and results_dir/report/ for anyone without the report.
+# `status`, which fails a run with failed datasets, waits for them (REPORT_TARGETS), so such a
+# run still has its report.
+report: "../report/workflow.rst"
+
+
+# An SBC run's PNG plots (results_dir/sbc/**/*.png), found when the Snakefile is parsed: the
+# report shows them when a run has made them, and this workflow needs none of the SBC code.
+SBC_PLOTS = sorted(map(str, (RESULTS / "sbc").glob("**/*.png")))
+
+
+rule plots:
+    """Health bar charts and a forest plot per variable across datasets (report.var_names)."""
+    input:
+        posteriors=rules.collect.output.posteriors,
+        summary=rules.collect.output.summary,
+    output:
+        health=report(
+            RESULTS / "plots" / "health.png",
+            caption="../report/health.rst",
+            category="1. Health",
+            labels={"view": "bar charts"},
+        ),
+        forest=report(
+            directory(RESULTS / "plots" / "forest"),
+            patterns=["{name}.png"],
+            caption="../report/forest.rst",
+            category="2. Forest plots",
+            labels={"variable": "{name}"},
+        ),
+    params:
+        config_source=CONFIG_SOURCE,
+        settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
+    log:
+        RESULTS / "logs" / "plots.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/plots.py"
+
+
+rule report_pages:
+    """The health overview, summary.csv and failures.csv as tables, and the sweep's provenance, as HTML."""
+    input:
+        posteriors=rules.collect.output.posteriors,
+        summary=rules.collect.output.summary,
+        failures=rules.collect.output.failures,
+        model=str(BF.model),
+    output:
+        health=report(
+            RESULTS / "report" / "health.html",
+            caption="../report/health_table.rst",
+            category="1. Health",
+            labels={"view": "warnings and failures"},
+        ),
+        summary=report(
+            RESULTS / "report" / "summary.html",
+            caption="../report/summary.rst",
+            category="3. Tables",
+            labels={"table": "diagnostics (summary.csv)"},
+        ),
+        failures=report(
+            RESULTS / "report" / "failures.html",
+            caption="../report/failures.rst",
+            category="3. Tables",
+            labels={"table": "failures (failures.csv)"},
+        ),
+        provenance=report(
+            RESULTS / "report" / "provenance.html",
+            caption="../report/provenance.rst",
+            category="5. Provenance",
+            labels={"page": "versions, model, config, cache keys, dates"},
+        ),
+    params:
+        config_source=CONFIG_SOURCE,
+    log:
+        RESULTS / "logs" / "report_pages.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/report_pages.py"
+
+
+rule sbc_plots:
+    """Copy the SBC run's plots beside the others, so the report can show them."""
+    input:
+        SBC_PLOTS,
+    output:
+        report(
+            directory(RESULTS / "plots" / "sbc"),
+            patterns=["{name}.png"],
+            caption="../report/sbc.rst",
+            category="4. Simulation-based calibration",
+            labels={"plot": "{name}"},
+        ),
+    params:
+        sbc_dir=RESULTS / "sbc",
+    log:
+        RESULTS / "logs" / "sbc_plots.log",
+    conda:
+        "../envs/batchfit.yaml"
+    script:
+        "../../scripts/sbc_plots.py"
+
+
+REPORT_TARGETS = [
+    *rules.plots.output,
+    *rules.report_pages.output,
+    *(rules.sbc_plots.output if SBC_PLOTS else []),
+]
