@@ -677,7 +677,7 @@ KNOWN_DEEP_FAILURES = [  # (id, dataset, stage, what the record must say)
                   "pm.sample(nuts_sampler='nutpie')"],
                  id="extreme-values"),
     pytest.param("nul_label", table(5, 12, 3).assign(group=lambda f: f["group"].str.replace("g01", "g\x0001")),
-                 "build", ["dataset 'nul_label'", "column 'group'", "NUL character"], id="nul-in-label"),
+                 "load", ["dataset 'nul_label'", "column 'group'", "NUL character"], id="nul-in-label"),
 ]
 
 

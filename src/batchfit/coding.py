@@ -231,7 +231,10 @@ def _append_levels(
     present = set(existing)
     fresh: dict[str, None] = {}
     for dataset_id in paths:
-        fresh.update(dict.fromkeys(v for v in scanned[dataset_id]["labels"].get(name, ()) if v not in present))
+        # A label with a NUL character cannot be stored in any fit's NetCDF: it is never a level, and
+        # only the dataset holding it fails (loading it says why), not every dataset of the sweep.
+        fresh.update(dict.fromkeys(v for v in scanned[dataset_id]["labels"].get(name, ())
+                                   if v not in present and "\x00" not in v))
     if not fresh and known is not None:
         return False
     new = sorted(fresh) if settings.order == "sorted" else list(fresh)

@@ -179,7 +179,9 @@ def _unknown_label(
     unknown = list(dict.fromkeys(text[present < 0]))
     row = int(np.flatnonzero(~missing)[np.argmax(present < 0)])
     values = ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
-    if spec.order == "listed":
+    if any("\x00" in label for label in unknown):
+        why = "a label with a NUL character, which the NetCDF outputs cannot store (so it is no level of the sweep)"
+    elif spec.order == "listed":
         why = (f"not among the levels listed in the config (columns.{name}.levels: "
                f"{', '.join(spec.levels or ())}); add {'it' if len(unknown) == 1 else 'them'} to that list")
     else:

@@ -78,3 +78,24 @@ def fit_resource(name):
     """A fit job's `name` resource from the batch and the compile stage's measurement."""
     return lambda wildcards, input, attempt: fit_resources(
         BF, len(batch_members(wildcards)), input.compiled, attempt)[name]
+
+
+# Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
+import functools
+
+from batchfit.sbc import sbc_config, sbc_root, template
+
+SBC = sbc_root(BF)
+SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
+                "simulator": str(BF.sbc.simulator or BF.model)}
+
+
+@functools.cache
+def _sbc_plan(simulations_mtime_ns):
+    """The simulated sweep's plan, made again whenever the checkpoint has rewritten its output."""
+    return plan(sbc_config(BF))
+
+
+def sbc_plan():
+    stamp = Path(checkpoints.sbc_simulate.get().output[0])
+    return _sbc_plan(stamp.stat().st_mtime_ns)

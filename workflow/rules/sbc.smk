@@ -1,26 +1,6 @@
 # Simulation-based calibration: `snakemake sbc --cores N` (see batchfit.sbc and the README).
 # The simulated datasets are made by a checkpoint, then planned, fitted and collected as a sweep
 # of their own under {results}/sbc with the same compile cache (the `compile` rule's stamp).
-import functools
-
-from batchfit.sbc import sbc_config, sbc_root, template
-
-SBC = sbc_root(BF)
-SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
-                "simulator": str(BF.sbc.simulator or BF.model)}
-
-
-@functools.cache
-def _sbc_plan(simulations_mtime_ns):
-    """The simulated sweep's plan, made again whenever the checkpoint has rewritten its output."""
-    return plan(sbc_config(BF))
-
-
-def sbc_plan():
-    stamp = Path(checkpoints.sbc_simulate.get().output[0])
-    return _sbc_plan(stamp.stat().st_mtime_ns)
-
-
 checkpoint sbc_simulate:
     """Write the simulated datasets and their true values that are missing or outdated (never others)."""
     input:
