@@ -24,11 +24,15 @@ include: "workflow/rules/report.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
-# the shared filesystem, and `status` must print its failure line on the user's terminal.
+# the shared filesystem, `status` must print its failure line on the user's terminal, and the
+# report's plots and pages only read collect's outputs.
 localrules:
     all,
     collect,
     status,
+    plots,
+    report_pages,
+    sbc_plots,
 
 
 rule all:

@@ -4,7 +4,16 @@ import functools
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from batchfit.pipeline import compile_stamp_path, fit_resources, fit_threads, snakemake_config, sweep_plan, write_plan
+from batchfit.pipeline import (
+    compile_stamp_path,
+    fit_resources,
+    fit_threads,
+    plan,
+    snakemake_config,
+    sweep_plan,
+    write_plan,
+)
+from batchfit.sbc import sbc_config, sbc_root, template
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
@@ -81,9 +90,6 @@ def fit_resource(name):
 
 
 # Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
-import functools
-
-from batchfit.sbc import sbc_config, sbc_root, template
 
 SBC = sbc_root(BF)
 SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
