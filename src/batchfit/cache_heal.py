@@ -220,15 +220,22 @@ def is_damage_error(exc: BaseException, cache: CacheDir) -> bool:
     return False
 
 
+def heal_after(exc: BaseException, cache: CacheDir) -> list[Damage]:
+    """If ``exc`` is what reading a damaged file raises, remove the damage; return what was removed.
+
+    Empty when ``exc`` is no damage error, or when nothing damaged is on disk: retrying would then
+    fail the same way, so the caller re-raises.
+    """
+    return heal(cache) if is_damage_error(exc, cache) else []
+
+
 def retry_after_healing[T](cache: CacheDir, what: str, action: Callable[[], T]) -> T:
     """Run ``action``; if it fails on a damaged cache file, remove the damage (warning which) and run it once more."""
     try:
         return action()
     except Exception as exc:
-        if not is_damage_error(exc, cache):
-            raise
-        removed = heal(cache)
-        if not removed:  # nothing damaged on disk: retrying would fail the same way
+        removed = heal_after(exc, cache)
+        if not removed:
             raise
         warnings.warn(f"{what}: {damage_message(cache, removed)}", stacklevel=2)
     return action()

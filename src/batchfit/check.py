@@ -24,7 +24,8 @@ import numpy as np
 from batchfit.config import Config
 from batchfit.data import coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, DatasetError, one_line
-from batchfit.structures import CACHED, NUTPIE, structure_of
+from batchfit.fingerprint import structure_of
+from batchfit.structures import CACHED, NUTPIE
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.cache import CacheDir, CorruptEntry, Fetched, get_or_build
-from batchfit.cache_heal import damage_message, heal, is_damage_error, retry_after_healing
+from batchfit.cache_heal import damage_message, heal_after, is_damage_error, retry_after_healing
 from batchfit.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.config import OutputSettings
 from batchfit.errors import BatchfitError
@@ -198,16 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"the model built from {args.model_file} differs between processes (key {key[:12]} "
               f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
         return 2
+    outputs = json.loads(args.outputs)
     try:
-        outputs = json.loads(args.outputs)
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
             bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))))
     except Exception as exc:
-        if not is_damage_error(exc, cache):
+        removed = heal_after(exc, cache)
+        if not removed:
             raise
-        removed = heal(cache)
-        if not removed:  # nothing damaged on disk: retrying would fail the same way
-            raise
+        # Not retried here: a fresh process must rebuild, so no half-loaded numba state is reused.
         print(json.dumps({"healed": damage_message(cache, removed)}))
         return HEALED_EXIT
     print(json.dumps({"key": key, "manifest": manifest}))

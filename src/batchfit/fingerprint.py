@@ -240,3 +240,10 @@ def model_fingerprint(model: Any) -> str:
     digest = hashlib.sha256(graph_fingerprint(outputs).encode() + describe(extra).encode())
     return digest.hexdigest()
 
+
+
+def structure_of(model: Any) -> str:
+    """A model's structure id (its fingerprint), memoised on the model: a job asks once per dataset."""
+    if getattr(model, "_batchfit_fingerprint", None) is None:
+        model._batchfit_fingerprint = model_fingerprint(model)
+    return model._batchfit_fingerprint

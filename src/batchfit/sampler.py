@@ -13,7 +13,7 @@ import numpy as np
 from batchfit.callbacks import Slot, WrapperSpec
 from batchfit.compat import nutpie_model
 from batchfit.errors import ModelContractError
-from batchfit.fingerprint import model_fingerprint
+from batchfit.fingerprint import structure_of
 from batchfit.graphs import slot_of, slot_variable
 from batchfit.modelfile import swappable_inputs
 
@@ -29,14 +29,12 @@ class CompiledModel:
         self.logp = logp
         self.expand = expand
         self.report = report
-        self.fingerprint = model_fingerprint(template)
+        self.fingerprint = structure_of(template)  # computed once: the structure registry asked first
         self.functions = SamplerFunctions(template)
 
     def matches(self, model: Any) -> bool:
         """Whether ``model`` has the structure these callbacks were compiled for."""
-        if getattr(model, "_batchfit_fingerprint", None) is None:
-            model._batchfit_fingerprint = model_fingerprint(model)
-        return model._batchfit_fingerprint == self.fingerprint
+        return structure_of(model) == self.fingerprint
 
     def sampler_for(self, model: Any) -> Any:
         """A nutpie sampler model for ``model`` (same structure, its own data), without compiling.

@@ -24,7 +24,7 @@ from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
 from batchfit.errors import ModelContractError, one_line
 from batchfit.extras import ExtraGroups
-from batchfit.fingerprint import model_fingerprint
+from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
 from batchfit.sampler import CompiledModel, SamplerFunctions
 
@@ -32,13 +32,6 @@ log = logging.getLogger("batchfit")
 
 CACHED = "cached"  # batchfit's callbacks from the shared cache
 NUTPIE = "nutpie"  # nutpie's compile_pymc_model, as pm.sample runs it
-
-
-def structure_of(model: Any) -> str:
-    """A model's structure id (its fingerprint), memoised on the model."""
-    if getattr(model, "_batchfit_fingerprint", None) is None:
-        model._batchfit_fingerprint = model_fingerprint(model)
-    return model._batchfit_fingerprint
 
 
 @dataclass
