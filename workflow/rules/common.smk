@@ -61,9 +61,18 @@ def fit_job_threads(wildcards):
     return fit_threads(BF, cores, len(sweep().batches))
 
 
-onstart:
+def record_plan():
+    """Record the plan for the sweep's jobs (the main process only, once Snakemake has started).
+
+    A function, so that a project using this workflow as a module can call it from its own
+    `onstart:` (Snakemake runs only the main Snakefile's).
+    """
     if not in_job():
         write_plan(BF, sweep())
+
+
+onstart:
+    record_plan()
 
 
 def batch_datasets(wildcards):
