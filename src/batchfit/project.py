@@ -113,6 +113,7 @@ def config_template() -> str:
     schema = config_schema()
     lines = [f"# batchfit {__version__} config of this project (written by `batchfit init`).",
              *_comment(schema["description"], ""),
+             "# Run snakemake and batchfit in this folder: the relative paths below are relative to it.",
              "# Keys commented out have the value shown, batchfit's default; remove the '# ' to change one.", ""]
     for key, spec in schema["properties"].items():
         if key in _SET_KEYS:
