@@ -1,3 +1,24 @@
-"""batchfit: fit one PyMC model structure to many datasets, compiling once."""
+"""batchfit: fit one PyMC model structure to many datasets, compiling once.
+
+The entry points below are imported on first use (``batchfit.load_dataset``), so importing
+batchfit stays cheap for the command line and the Snakefile.
+"""
 
 __version__ = "0.1.0"
+
+# name -> module that defines it
+_LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook",
+         "workflow_snakefile": "batchfit.project"}
+__all__ = ["__version__", "build_model", "load_dataset", "workflow_snakefile"]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'batchfit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -92,6 +92,12 @@ def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference]:
     return cache, paths, reference_model(config, paths)
 
 
+def model_input(dataset: Dataset, ref: Reference) -> Dataset:
+    """``dataset`` as ``build_model`` receives it: checked and cast to the reference model's dtypes."""
+    coerced = coerce_for_model(dataset, ref.requirements)
+    return dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
+
+
 def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
     """How a compile worker rebuilds the model of ``dataset``."""
     return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
@@ -146,9 +152,7 @@ class Fitter:
 
     def build(self, dataset: Dataset) -> Any:
         """Cast ``dataset`` to the reference dtypes and build its model."""
-        coerced = coerce_for_model(dataset, self.ref.requirements)
-        dataset = dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
-        return build_model(self.module, dataset)
+        return build_model(self.module, model_input(dataset, self.ref))
 
     def structure(self, model: Any, dataset: Dataset) -> Structure:
         """The compiled structure for ``model`` (compiled now if this job has not met it)."""
@@ -287,6 +291,9 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     With ``on_error: stop`` the first failure is raised after the manifest is written; with
     ``continue`` it is recorded and the batch goes on. Already written fits are never removed.
     """
+    # The datasets first, so that a dataset's log lines (each starts with its id) are found by
+    # `batchfit status --dataset` and by grep.
+    log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
     cache, paths, ref = prepare(config)
     fitter = Fitter(config, ref, cache)
     log.info("compile: %s", fitter.compile_line)

@@ -1,0 +1,53 @@
+"""Notebook entry points: one dataset of a sweep, and its model, exactly as a fit job builds them.
+
+    import batchfit, pymc as pm
+    data = batchfit.load_dataset("config.yaml", "store_003")   # what build_model(data) receives
+    model = batchfit.build_model("config.yaml", "store_003")   # the model the sweep fits
+    idata = pm.sample(model=model, nuts_sampler="nutpie")
+
+So a model can be debugged, or a fit compared with ``pm.sample``, without a stand-in for ``data``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchfit.config import Config, load_config
+from batchfit.data import Dataset, discover_datasets
+from batchfit.errors import DatasetError
+
+if TYPE_CHECKING:
+    import pymc as pm
+
+
+def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Dataset:
+    """Dataset ``dataset_id`` of a sweep as its model's ``build_model(data)`` receives it in a fit job.
+
+    Read with the sweep's coding of text columns (`batchfit.coding`), checked against what the
+    reference dataset's model needs and cast to its dtypes, as `batchfit.fit.Fitter.build` does;
+    bad data raises the error the fit would record.
+    """
+    from batchfit import data, fit
+
+    config = _config(config_or_path)
+    paths = discover_datasets(config)
+    if dataset_id not in paths:
+        raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({', '.join(config.datasets)}, "
+                           f"config {config.source}); the id is the file name without its suffix",
+                           dataset=dataset_id)
+    ref = fit.reference_model(config, paths)
+    return fit.model_input(data.load_dataset(dataset_id, paths[dataset_id], ref.coding), ref)
+
+
+def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Model:
+    """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug."""
+    from batchfit import modelfile
+
+    config = _config(config_or_path)
+    return modelfile.build_model(modelfile.load_model_file(config.model), load_dataset(config, dataset_id))
+
+
+def _config(config_or_path: Config | str | Path) -> Config:
+    """A Config as given, or loaded from a YAML file (relative paths in it: to the current directory)."""
+    return config_or_path if isinstance(config_or_path, Config) else load_config(config_or_path)
