@@ -98,13 +98,14 @@ def registry_path(config: Config) -> Path:
     return Path(config.results_dir) / REGISTRY_NAME
 
 
-def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None) -> Coding:
+def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, record: bool = True) -> Coding:
     """The coding of every text column for the sweep of `config` (datasets `paths`, id -> file).
 
     Scans new or changed files, appends their new labels to the registry (written atomically
     under a lock) and returns the coding every job of the sweep agrees on. Before the sweep's
-    results directory exists (a dry run of a new sweep) nothing is written: the coding is then
-    computed from the data alone, as the first job will compute and record it.
+    results directory exists (a dry run of a new sweep), or with ``record`` false (`batchfit
+    status`, which only reads), nothing is written: the coding is then computed from the
+    registry and the data, as the next job will compute and record it.
     """
     from filelock import FileLock, Timeout
 
@@ -112,7 +113,7 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None) -> Cod
 
     paths = discover_datasets(config) if paths is None else paths
     path = registry_path(config)
-    if not path.parent.is_dir():
+    if not record or not path.parent.is_dir():
         registry = _read_registry(path)
         _update(registry, config, paths)
         return _coding(registry, config, paths)

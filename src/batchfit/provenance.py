@@ -47,8 +47,8 @@ from batchfit.fingerprint import LIBRARIES
 # Modules that never run while a fit is produced (command line, collect, plan, simulation, SBC,
 # checks, cache upkeep, this module): editing them refits nothing. Every other module counts,
 # so a new module is covered unless it is added here.
-_NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py", "pipeline.py", "provenance.py",
-                           "sbc.py", "simulate.py"})
+_NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py", "notebook.py", "pipeline.py",
+                           "project.py", "provenance.py", "sbc.py", "simulate.py", "status.py"})
 # A digest cached for a file modified less than this long before it was hashed is not trusted:
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.
@@ -127,15 +127,21 @@ def expected_provenance(config: Config, dataset_id: str, data_path: str | Path) 
     return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), coding)
 
 
-def expected_digests(config: Config, datasets: Mapping[str, Path]) -> dict[str, str]:
-    """Every dataset's expected digest, hashing only data files that changed since the last call."""
+def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bool = True) -> dict[str, str]:
+    """Every dataset's expected digest, hashing only data files that changed since the last call.
+
+    ``record`` false reads the coding and digest caches without updating them (`batchfit status`).
+    """
     from batchfit.coding import sweep_coding
 
     sweep = sweep_parts(config)
-    coding = sweep_coding(config, datasets)
-    with DigestCache(config.results_dir / DIGEST_CACHE_NAME) as cache:
-        return {d: dataset_provenance(sweep, d, cache.sha256(path), coding.for_dataset(d)).digest
-                for d, path in datasets.items()}
+    coding = sweep_coding(config, datasets, record=record)
+    cache = DigestCache(config.results_dir / DIGEST_CACHE_NAME)
+    digests = {d: dataset_provenance(sweep, d, cache.sha256(path), coding.for_dataset(d)).digest
+               for d, path in datasets.items()}
+    if record:
+        cache.save()
+    return digests
 
 
 class DigestCache:
@@ -169,12 +175,10 @@ class DigestCache:
             self.used[key] = [stat.st_size, stat.st_mtime_ns, digest]
         return digest
 
-    def __enter__(self) -> DigestCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def save(self) -> None:
+        """Keep the entries used since the cache was read, if they changed."""
         # Not before the results directory exists: a dry run of a new sweep writes nothing.
-        if exc[0] is None and self.used != self.entries and self.path.parent.is_dir():
+        if self.used != self.entries and self.path.parent.is_dir():
             with atomic_path(self.path) as tmp:
                 tmp.write_text(json.dumps(self.used))
 
