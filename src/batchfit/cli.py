@@ -1,13 +1,16 @@
 """The ``batchfit`` command: the sweep's stages without Snakemake, and cache upkeep.
 
+    batchfit init [DIR]                       scaffold a project folder (config, model, data, Snakefile)
     batchfit check   --config CONFIG          datasets and model, before any compiling
     batchfit compile --config CONFIG          fill the cache ahead of time
     batchfit fit     --config CONFIG [IDS]    fit pending (or the named) datasets
     batchfit collect --config CONFIG          combine fits; exit 1 if any dataset failed
     batchfit run     --config CONFIG          compile, fit and collect
     batchfit sbc     --config CONFIG          simulation-based calibration; exit 1 unless it passes
+    batchfit status  --config CONFIG [--dataset ID]   where the sweep stands, read from its files
     batchfit cache info|verify|prune|clear --config CONFIG (or --cache-dir DIR)
     batchfit simulate --model FILE --n N --out DIR   synthetic datasets from simulate()
+    batchfit --version
 
 Errors in the user's config, data or model print one clear message and exit 2.
 """
@@ -22,38 +25,81 @@ from collections.abc import Sequence
 from batchfit.errors import BatchfitError
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default; an option without one says in its help what its absence does."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{action.help} (default: off)"
+        if action.required or action.default is None or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+_HELP = _Help
+_STAGES = (("check", "check datasets and that the model compiles fully with numba; exit 1 on a problem"),
+           ("compile", "compile the model into the cache (ahead of the fit jobs)"),
+           ("fit", "fit pending (or the named) datasets in batches, in this process"),
+           ("collect", "combine the fits into posteriors.nc, summary.csv, failures.csv; exit 1 if any failed"),
+           ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
+           ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchfit", description="Fit one PyMC model to many datasets.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("check", "check datasets and that the model compiles fully with numba"),
-                       ("compile", "compile the model into the cache (ahead of the fit jobs)"),
-                       ("fit", "fit datasets in batches"),
-                       ("collect", "combine the fits into posteriors.nc, summary.csv, failures.csv"),
-                       ("run", "compile, fit every pending dataset, collect"),
-                       ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test")):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--config", required=True, help="the sweep's YAML config")
+    from batchfit import __version__
+
+    parser = argparse.ArgumentParser(prog="batchfit", description="Fit one PyMC model to many datasets.",
+                                     formatter_class=_HELP)
+    parser.add_argument("--version", action="version", version=f"batchfit {__version__}",
+                        help="print batchfit's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (batchfit COMMAND --help for its options)")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_HELP)
+
+    init = command("init", "scaffold a project folder: config.yaml, model.py, data/, a Snakefile using batchfit's "
+                           "workflow as a Snakemake module, profiles/ (local, SLURM); refuses to overwrite files")
+    init.add_argument("directory", nargs="?", default=".", help="the project folder (created if missing)")
+    for name, text in _STAGES:
+        p = command(name, text)
+        _config_option(p)
         if name in ("fit", "run", "sbc"):
             p.add_argument("--threads", type=int, default=1, help="threads for a dataset's chains")
         if name == "fit":
-            p.add_argument("datasets", nargs="*", help="dataset ids (default: every pending dataset)")
-    sim = sub.add_parser("simulate", help="write synthetic datasets from the model file's simulate()")
-    sim.add_argument("--model", required=True)
-    sim.add_argument("--n", type=int, default=20)
-    sim.add_argument("--out", required=True)
-    sim.add_argument("--seed", type=int, default=2026)
-    sim.add_argument("--prefix", default="dataset")
-    cache = sub.add_parser("cache", help="inspect and maintain the compiled-function cache")
-    cache.add_argument("action", choices=("info", "verify", "prune", "clear"))
+            p.add_argument("datasets", nargs="*", default=[],
+                           help="dataset ids to fit (default: every pending dataset)")
+    status = command("status", "fitted, pending and failed datasets and the time left, read from the results "
+                               "(safe while a sweep runs); with --dataset, that dataset's state and its log lines")
+    _config_option(status)
+    status.add_argument("--dataset", metavar="ID",
+                        help="show this dataset's state (health, failure message or why it is pending) and the "
+                             "fit log lines that mention it (default: the counts for every dataset)")
+    sim = command("simulate", "write synthetic CSV datasets from the model file's simulate(rng, index)")
+    sim.add_argument("--model", required=True, help="the model file that defines simulate(rng, index)")
+    sim.add_argument("--n", type=int, default=20, help="number of datasets")
+    sim.add_argument("--out", required=True, help="directory the datasets are written to")
+    sim.add_argument("--seed", type=int, default=2026, help="seed; dataset i depends only on it and i")
+    sim.add_argument("--prefix", default="dataset", help="file names: PREFIX_000.csv, PREFIX_001.csv, ...")
+    cache = command("cache", "inspect and maintain the compiled-function cache")
+    cache.add_argument("action", choices=("info", "verify", "prune", "clear"),
+                       help="info: entries and sizes; verify: check every file (--repair removes damaged ones); "
+                            "prune: remove entries by --max-size/--older-than; clear: empty the cache")
     where = cache.add_mutually_exclusive_group(required=True)
-    where.add_argument("--config", help="take cache_dir from this config")
-    where.add_argument("--cache-dir", help="the cache directory")
-    cache.add_argument("--max-size", help="prune: keep the cache under this size (e.g. 2G)")
-    cache.add_argument("--older-than", help="prune: remove what was unused this long (e.g. 30d)")
+    where.add_argument("--config", help="take cache_dir from this config (this or --cache-dir is required)")
+    where.add_argument("--cache-dir", help="the cache directory (this or --config is required)")
+    cache.add_argument("--max-size", help="prune: keep the cache under this size, e.g. 2G (default: no size limit)")
+    cache.add_argument("--older-than", help="prune: remove what was unused this long, e.g. 30d (default: no age "
+                                            "limit; prune needs this or --max-size)")
     cache.add_argument("--repair", action="store_true", help="verify: remove damaged files (rebuilt when next needed)")
     cache.add_argument("--trust-shared", action="store_true",
                        help="use a cache directory that other users can write to")
     return parser
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the sweep's YAML config (relative paths in it: to the "
+                                                        "current directory)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,6 +121,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "cache":
         return _cache(args)
+    if args.command == "init":
+        from batchfit.project import init_project
+
+        written = init_project(args.directory)
+        print(f"init: wrote {len(written)} files in {args.directory}; there, run: snakemake --cores 2")
+        return 0
     if args.command == "simulate":
         from pathlib import Path
 
@@ -84,6 +136,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"simulate: wrote {len(paths)} datasets to {args.out}")
         return 0
     config = load_config(args.config)
+    if args.command == "status":
+        from batchfit import status
+
+        report = status.dataset_status(config, args.dataset) if args.dataset else status.sweep_status(config)
+        print("\n".join(report.lines()))
+        return 0
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
         from batchfit.sbc import run_sbc

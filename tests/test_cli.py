@@ -1,0 +1,57 @@
+"""The ``batchfit`` command explains itself: a version, and help with defaults for every option."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from batchfit.cli import _parser
+
+BATCHFIT = str(Path(sys.executable).with_name("batchfit"))
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_version_is_the_installed_distributions() -> None:
+    run = subprocess.run([BATCHFIT, "--version"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"batchfit {version('batchfit')}"
+
+
+def test_every_command_has_help() -> None:
+    parser = _parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helped = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert set(helped) == set(sub.choices)
+    for name, text in helped.items():
+        assert text and len(text) > 20, f"command {name} has no help text"
+        assert sub.choices[name].description, f"command {name} has no description"
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers(_parser())))
+def test_every_option_says_what_it_does_and_its_default(command: str) -> None:
+    parser = _subparsers(_parser())[command]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help, f"batchfit {command} {name} has no help text"
+        shown = formatter._expand_help(action)
+        if not action.required:
+            assert "default" in shown or "required" in shown, (
+                f"batchfit {command} {name}: the help does not say its default: {shown!r}")
+
+
+def test_help_runs_for_every_command() -> None:
+    for command in _subparsers(_parser()):
+        run = subprocess.run([BATCHFIT, command, "--help"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and "usage: batchfit " + command in run.stdout, run.stderr
