@@ -104,6 +104,7 @@ def test_init_cli_twice_fails_with_a_clear_message(tmp_path):
 @pytest.mark.slow
 def test_wheel_ships_the_workflow_and_a_project_runs_it_from_there(tmp_path):
     source = tmp_path / "source"
+    source.mkdir()
     for name in ("pyproject.toml", "README.md", "Snakefile", "src", "workflow", "scripts", "models"):
         copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
         copy(REPO / name, source / name, **({"symlinks": True} if copy is shutil.copytree else {}))
@@ -285,6 +286,8 @@ def test_build_model_gives_the_model_and_data_the_sweep_fitted(project, monkeypa
                 assert value.dtype == data[name].dtype
                 if name in stored:
                     np.testing.assert_array_equal(value, stored[name].values)
+            assert {"x", "group"} <= set(containers) & set(stored)  # compared above
+            np.testing.assert_array_equal(fit["observed_data"]["y_obs"].values, data["y"])
             assert list(model.coords["groups"]) == list(data.coords["group"])
             assert list(fit["posterior"]["a"].coords["groups"].values) == list(data.coords["group"])
 
