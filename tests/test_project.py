@@ -118,7 +118,8 @@ def test_wheel_ships_the_workflow_and_a_project_runs_it_from_there(tmp_path):
             assert f"batchfit/workflow/{path.relative_to(REPO)}" in names
     for path in [REPO / "Snakefile", *REPO.glob("scripts/*.py")]:
         assert f"batchfit/workflow/{path.relative_to(REPO)}" in names
-    assert {"batchfit/template/Snakefile", "batchfit/template/model.py", "batchfit/config.schema.yaml"} <= names
+    template = {"batchfit/template/Snakefile", "batchfit/template/model.py.template", "batchfit/template/gitignore"}
+    assert template | {"batchfit/config.schema.yaml"} <= names
 
     site = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), "-q",

@@ -18,8 +18,9 @@ from typing import Any
 from batchfit import __version__
 from batchfit.errors import BatchfitError
 
-# What `batchfit init` writes that is not generated: from the package (the example model is the
-# repository's models/hierarchical.py, linked into the package like the workflow).
+# What `batchfit init` writes that is not generated: from the package. The example model is the
+# repository's models/hierarchical.py, linked into the package like the workflow; not named *.py,
+# so that batchfit's code digest (fingerprint.sources_digest, part of every cache key) leaves it out.
 _TEMPLATE = "template"
 # Keys `init` sets; every other key of the schema is written commented out, with its default.
 _SET_KEYS = {
@@ -81,7 +82,7 @@ def _project_files() -> dict[str, str]:
     profiles = importlib.resources.files("batchfit").joinpath("workflow", "workflow", "profiles")
     files = {
         "config.yaml": config_template(),
-        "model.py": _MODEL_HEADER + template.joinpath("model.py").read_text("utf-8"),
+        "model.py": _MODEL_HEADER + template.joinpath("model.py.template").read_text("utf-8"),
         "Snakefile": template.joinpath("Snakefile").read_text("utf-8"),
         ".gitignore": template.joinpath("gitignore").read_text("utf-8"),
     }
