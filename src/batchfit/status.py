@@ -123,9 +123,9 @@ def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
     """
     if not pending:
         return "none, nothing is pending"
-    started = _mtime_ns(config.results_dir / "plan.json")
+    started = _mtime_ns(config.results_dir / "plan.json") or 0
     since = sorted(t for t in (_fit_written_ns(config, d) for d in fitted) if started and t and t > started)
-    if since and since[-1] > started:
+    if since:
         per_fit = (since[-1] - started) / 1e9 / len(since)
         clock = time.strftime("%H:%M:%S", time.localtime(started / 1e9))
         return (f"about {_duration(per_fit * pending)} for {pending} pending dataset(s) at the pace of the latest "
