@@ -15,6 +15,7 @@ import xarray as xr
 from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.collect import collect, collect_fits, dataset_health
+from batchfit.combined import dataset_posterior
 from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.variables import DETERMINISTIC, ROLE_ATTR
@@ -143,24 +144,47 @@ def test_collect_report(sweep: Config) -> None:
     assert leftovers == []
 
 
-def test_posteriors_one_group_per_dataset(sweep: Config) -> None:
+def test_posteriors_stack_datasets_along_a_dimension(sweep: Config) -> None:
     collect(sweep, IDS)
+    fitted = ["store_01", "store_02", "store_03", "store_07"]
     with xr.open_datatree(sweep.posteriors_path) as tree:
-        assert sorted(tree.children) == ["store_01", "store_02", "store_03", "store_07"]
-        assert tree.attrs["batchfit_version"] == __version__
         assert tree.attrs["n_datasets"] == 4
-        assert json.loads(tree.attrs["datasets"]) == ["store_01", "store_02", "store_03", "store_07"]
+        posterior, info = tree["posterior"].ds, tree["datasets"].ds
+        assert list(posterior["dataset"].values) == fitted
+        assert set(posterior.data_vars) == {"a", "sigma", "L"}
+        assert posterior["a"].dims == ("dataset", "chain", "draw", "group")
+        assert list(posterior["group"].values) == ["g1", "g2", "g3", "g4", "g5"]  # the union of the labels
+        assert info["group_present"].sel(dataset="store_01").values.tolist() == [True] * 3 + [False] * 2
+        assert np.isnan(posterior["a"].sel(dataset="store_01", group="g4")).all()  # padding
+        assert info["model_hash"].sel(dataset="store_01").item() == "abc123"
+        assert info["divergences"].sel(dataset="store_02").item() == 4
+        for dataset_id in fitted:
+            with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+                xr.testing.assert_equal(dataset_posterior(posterior, info, dataset_id), fit["posterior"].to_dataset())
 
-        store_07 = tree["store_07"].ds
-        assert set(store_07.data_vars) == {"a", "sigma", "L"}
-        assert list(store_07["group"].values) == ["g1", "g2", "g3", "g4", "g5"]
-        assert store_07["a"].dims == ("chain", "draw", "group")
-        assert tree["store_01"].ds.sizes["group"] == 3
-        assert tree["store_01"].ds.attrs["dataset"] == "store_01"
-        assert tree["store_01"].ds.attrs["model_hash"] == "abc123"
 
-        with xr.open_datatree(sweep.fit_path("store_07")) as fit:
-            xr.testing.assert_equal(tree["store_07"].to_dataset(), fit["posterior"].to_dataset())
+def test_variables_differing_between_datasets_follow_the_padding_rule(tmp_path: Path) -> None:
+    """A variable some fits lack is NaN there; one whose dims differ is left out; an int padded comes back int."""
+    config = sweep_config(tmp_path / "results")
+    write_fit(config, "s1", 2, seed=1, stuck_deterministic=True)
+    write_fit(config, "s2", 3, seed=2)
+    with xr.open_datatree(config.fit_path("s1")) as tree:
+        odd = tree.to_dict()
+    odd["/posterior"] = odd["/posterior"].assign(
+        L=(("chain", "draw", "k", "group"), odd["/posterior"]["L"].transpose("chain", "draw", "k", "group").values),
+        n=(("chain", "draw", "group"), np.arange(CHAINS * DRAWS * 2).reshape(CHAINS, DRAWS, 2)))
+    config.fit_path("s1").unlink()
+    xr.DataTree.from_dict(odd).to_netcdf(config.fit_path("s1"), engine="netcdf4")
+    collect(config, ["s1", "s2"])
+    with xr.open_datatree(config.posteriors_path) as tree:
+        posterior, info = tree["posterior"].ds, tree["datasets"].ds
+        assert "L" not in posterior and "L" in json.loads(tree.attrs["excluded_variables"])
+        assert np.isnan(posterior["d"].sel(dataset="s2")).all()
+        ours = dataset_posterior(posterior, info, "s1")
+        with xr.open_datatree(config.fit_path("s1")) as fit:
+            xr.testing.assert_equal(ours, fit["posterior"].to_dataset().drop_dims("k"))
+        assert ours["n"].dtype == fit["posterior"]["n"].dtype
+        assert "d" not in dataset_posterior(posterior, info, "s2")
 
 
 def test_outputs_open_with_arviz(sweep: Config) -> None:
@@ -168,8 +192,11 @@ def test_outputs_open_with_arviz(sweep: Config) -> None:
     fit = arviz.from_netcdf(sweep.fit_path("store_01"))
     assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(fit.children)
     combined = arviz.from_netcdf(sweep.posteriors_path)
-    table = arviz.summary(combined["store_02"].ds, round_to="none")
-    assert "a[g5]" in table.index
+    table = arviz.summary(combined, round_to="none")  # every dataset at once
+    assert "a[store_07, g5]" in table.index and table.loc["a[store_01, g5]"].isna().all()
+    one = arviz.summary(combined["posterior"].ds.sel(dataset="store_07"), round_to="none")
+    reference = arviz.summary(arviz.from_netcdf(sweep.fit_path("store_07")), round_to="none")
+    pd.testing.assert_frame_equal(one, reference)
 
 
 def test_summary_csv(sweep: Config) -> None:
@@ -279,7 +306,7 @@ def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
         thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0),
     )
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
-    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv"}
+    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv", "summaries"}
 
 
 def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:

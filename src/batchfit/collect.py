@@ -1,19 +1,24 @@
 """Combine the per-dataset fits of a sweep into posteriors.nc, summary.csv and failures.csv.
 
 Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure record
-(``failures/{id}.json``). Collect reads them one at a time, so memory stays flat however many
-datasets the sweep has, and writes every output atomically.
+(``failures/{id}.json``). Collect handles them one at a time, streaming summary.csv and
+posteriors.nc (layout: `batchfit.combined`) to disk, so memory stays flat however many datasets
+the sweep has, and writes every output atomically. Summaries are cached per fit content
+(`SummaryCache`), so adding datasets to a finished sweep summarises only those.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
 import json
+import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,12 +29,14 @@ import xarray as xr
 from arviz_base import rcParams
 from arviz_stats.base import array_stats
 
-from batchfit import __version__
 from batchfit.atomic import atomic_path
+from batchfit.combined import SweepLayout, fit_layout, plain_attrs, previous_blocks, read_posterior, stacked_writer
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
-from batchfit.provenance import fit_digest
+from batchfit.provenance import file_sha256, fit_digest
 from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
+
+log = logging.getLogger("batchfit")
 
 ENGINE = "netcdf4"
 SAMPLE_DIMS = ["chain", "draw"]
@@ -82,6 +89,8 @@ class CollectReport:
     failures_path: Path
     warning_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
+    summarised_ids: list[str] = field(default_factory=list)  # summarised this run (no valid cached summary)
+    posterior_read_ids: list[str] = field(default_factory=list)  # read from their fits (not copied from before)
 
     @property
     def n_datasets(self) -> int:
@@ -119,6 +128,7 @@ def collect(
         thresholds=config.health,
         summary=config.summary,
         expected_provenance=expected_provenance,
+        cache_dir=config.results_dir / "summaries",
     )
 
 
@@ -133,11 +143,20 @@ def collect_fits(
     thresholds: HealthThresholds,
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
+    cache_dir: Path | None = None,
 ) -> CollectReport:
-    """Write posteriors.nc, summary.csv and failures.csv for `dataset_ids`, in that order.
+    """Write summary.csv, posteriors.nc and failures.csv for `dataset_ids`.
 
-    posteriors.nc and summary.csv hold the variables `summary` selects; the status is scored on
-    those `thresholds` selects (see `batchfit.variables`).
+    posteriors.nc (`batchfit.combined`) and summary.csv hold the variables `summary` selects;
+    the status is scored on those `thresholds` selects (see `batchfit.variables`).
+
+    Incremental: each fit's summary rows, divergences and layout are cached in
+    ``cache_dir/{id}.json`` (default ``summaries/`` beside summary.csv), keyed by the fit file's
+    sha256 and every setting and code the summary depends on (`summary_key`); only fits without
+    a matching entry are read and summarised (`CollectReport.summarised_ids`). posteriors.nc is
+    rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
+    layout is copied from it block by block instead of read from its fit
+    (`CollectReport.posterior_read_ids` lists the others).
 
     Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
     record (the fit stage has not run for it), has both (one of them is stale), or, given
@@ -147,32 +166,33 @@ def collect_fits(
     fitted, failed = _classify(dataset_ids, fit_path, failure_path)
     if expected_provenance is not None:
         _check_provenance(fitted, fit_path, expected_provenance)
-    failures = [read_failure(dataset_id, failure_path(dataset_id)) for dataset_id in failed]
-
+    failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
+    cache = SummaryCache(Path(cache_dir or Path(summary_path).parent / "summaries"), summary, thresholds)
     columns = summary_columns(summary)
-    rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record, columns) for record in failures}
     statuses: dict[str, str] = {}
-    root_attrs = {
-        "batchfit_version": __version__,
-        "n_datasets": len(fitted),
-        "datasets": json.dumps(fitted),
-    }
-    with atomic_path(posteriors_path) as tmp, _netcdf_groups(tmp, root_attrs) as add_group:
-        for dataset_id in fitted:
-            path = Path(fit_path(dataset_id))
-            posterior, divergences = read_fit(dataset_id, path)
-            summarised = _selected(posterior, summary, "summary", dataset_id, path)
-            scored = _selected(posterior, thresholds, "health", dataset_id, path)
-            add_group(dataset_id, posterior[summarised])
-            table = summarise_posterior(posterior, dataset_id, path, summary, [*summarised, *scored])
-            health = _health(table[table["variable"].isin(scored)], divergences, thresholds)
-            statuses[dataset_id] = health["status"]
-            rows[dataset_id] = _summary_rows(dataset_id, table[table["variable"].isin(summarised)], health, columns,
-                                             posterior.attrs)
-
-    _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids], columns), summary_path)
-    _write_csv(pd.DataFrame(failures, columns=FAILURE_COLUMNS), failures_csv_path)
+    layout = SweepLayout()
+    with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
+        with open(summary_tmp, "w", newline="") as out:
+            pd.DataFrame(columns=columns).to_csv(out, index=False)
+            for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
+                if dataset_id in failures:
+                    _append(out, _failure_rows(failures[dataset_id], columns))
+                    continue
+                entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
+                table = _table(entry)
+                health = _health(table[table["variable"].isin(entry["scored"])], entry["divergences"], thresholds)
+                statuses[dataset_id] = health["status"]
+                rows = _summary_rows(dataset_id, table[table["variable"].isin(entry["summarised"])], health,
+                                     columns, entry["attrs"])
+                _append(out, rows)
+                layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
+        for name, why in layout.excluded.items():
+            log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
+        read = _write_posteriors(posteriors_tmp, Path(posteriors_path), fitted, layout, cache, fit_path)
+    _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), failures_csv_path)
+    log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
+             len(cache.summarised), len(fitted), cache.directory, len(read))
 
     return CollectReport(
         n_ok=sum(status == "ok" for status in statuses.values()),
@@ -183,7 +203,112 @@ def collect_fits(
         failures_path=Path(failures_csv_path),
         warning_ids=[d for d, status in statuses.items() if status == "warning"],
         failed_ids=list(failed),
+        summarised_ids=cache.summarised,
+        posterior_read_ids=read,
     )
+
+
+def _write_posteriors(
+    tmp: Path, previous: Path, fitted: Sequence[str], layout: SweepLayout, cache: SummaryCache,
+    fit_path: Callable[[str], Path],
+) -> list[str]:
+    """Write posteriors.nc to `tmp`, copying unchanged datasets' blocks from `previous`; return ids read from fits."""
+    read = []
+    with stacked_writer(tmp, layout, fitted) as writer, previous_blocks(previous, layout.signature()) as (old, blocks):
+        for i, dataset_id in enumerate(fitted):
+            entry = cache.load(dataset_id)
+            block = blocks.get(dataset_id)
+            if old is not None and block is not None and block[1] == entry["fit_sha256"]:
+                writer.copy(i, old, block[0])
+            else:
+                path = Path(fit_path(dataset_id))
+                try:
+                    posterior = read_posterior(path)
+                except (OSError, ValueError, RuntimeError) as exc:
+                    raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
+                writer.put(i, posterior[entry["summarised"]])
+                read.append(dataset_id)
+            writer.describe(i, entry["layout"], entry["attrs"], entry["fit_sha256"], entry["divergences"])
+    return read
+
+
+class SummaryCache:
+    """Each fit's summary table, divergences, selected variables, layout and attributes, cached as JSON.
+
+    An entry is valid for exactly one fit file content and one `summary_key`; anything else is
+    recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
+    """
+
+    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds):
+        self.directory, self.summary, self.thresholds = directory, summary, thresholds
+        self.settings_key = summary_key(summary, thresholds)
+        self.summarised: list[str] = []
+
+    def entry(self, dataset_id: str, fit: Path) -> dict[str, Any]:
+        try:
+            fit_sha256 = file_sha256(fit)
+        except OSError as exc:
+            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit) from exc
+        key = hashlib.sha256(f"{self.settings_key}:{fit_sha256}".encode()).hexdigest()
+        path = self.directory / f"{dataset_id}.json"
+        try:
+            entry = json.loads(path.read_text())
+            if entry.get("key") == key:
+                return entry
+        except (OSError, ValueError):
+            pass
+        entry = self._compute(dataset_id, fit) | {"key": key, "fit_sha256": fit_sha256}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(entry))
+        self.summarised.append(dataset_id)
+        return entry
+
+    def load(self, dataset_id: str) -> dict[str, Any]:
+        """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""
+        return json.loads((self.directory / f"{dataset_id}.json").read_text())
+
+    def _compute(self, dataset_id: str, path: Path) -> dict[str, Any]:
+        posterior, divergences = read_fit(dataset_id, path)
+        summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
+        scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
+        table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
+        return {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+                "table": table.to_dict(orient="split"), "layout": fit_layout(posterior[summarised]),
+                "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
+
+
+def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
+    """Digest of what a cached summary depends on besides the fit: settings, ArviZ's defaults and versions, this code.
+
+    The health thresholds are not in it (health is scored from the cached table at every
+    collect), the variables they select are.
+    """
+    parts = {
+        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, _ci_prob(summary)],
+        "health": [thresholds.var_names, thresholds.filter_vars],
+        "ess_tail_prob": rcParams["stats.ci_prob"],
+        "versions": {name: version(name) for name in ("arviz-stats", "arviz-base", "numpy", "xarray")},
+        "code": _code_sha256(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.cache
+def _code_sha256() -> str:
+    """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("collect.py", "combined.py"))).hexdigest()
+
+
+def _table(entry: Mapping[str, Any]) -> pd.DataFrame:
+    split = entry["table"]
+    return pd.DataFrame(split["data"], index=split["index"], columns=split["columns"])
+
+
+def _append(out: Any, rows: pd.DataFrame) -> None:
+    """Append rows to summary.csv; divergences as nullable ints so failed rows write an empty cell."""
+    rows.astype({"divergences": "Int64"}).to_csv(out, index=False, header=False)
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
@@ -319,7 +444,7 @@ def _classify(
     bad_names = [d for d in dataset_ids if not d or "/" in d or d == "."]
     if bad_names:
         raise BatchfitError(
-            f"collect: dataset ids {_id_list(bad_names)} cannot name a group in posteriors.nc"
+            f"collect: dataset ids {_id_list(bad_names)} cannot name a file"
         )
     fitted, failed, missing, both = [], [], [], []
     for dataset_id in dataset_ids:
@@ -376,7 +501,7 @@ def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
 
     Only what collect needs is read (the posterior, ``diverging`` and the root attributes), not
     the whole tree. The posterior keeps its own attrs plus the fit's root attrs (dataset,
-    source, model_hash, seed, sampler, ...) so each group of posteriors.nc carries provenance.
+    source, model_hash, seed, sampler, ...) so posteriors.nc records each dataset's provenance.
     """
     try:
         with netCDF4.Dataset(path) as nc:
@@ -443,29 +568,6 @@ def _failure_rows(record: dict[str, str], columns: list[str]) -> pd.DataFrame:
     """The single summary.csv row for a failed dataset."""
     row = {"dataset": record["dataset"], "parameter": "", "status": "failed", "message": record["message"]}
     return pd.DataFrame([row], columns=columns)
-
-
-def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    """One summary table; divergences as nullable ints so failed rows write an empty cell."""
-    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
-    return table.astype({"divergences": "Int64"})
-
-
-@contextmanager
-def _netcdf_groups(path: Path, attrs: dict[str, Any]) -> Iterator[Callable[[str, xr.Dataset], None]]:
-    """Create a netCDF4 file with root `attrs`; yield `add(group, dataset)` writing one group.
-
-    The file stays open for all groups: `to_netcdf(mode="a", group=...)` per dataset re-opens
-    it and rescans every existing group, which is quadratic in the number of datasets (400
-    datasets took minutes). Each group is written and dropped in turn, so memory holds one
-    posterior at a time.
-    """
-    store = xr.backends.NetCDF4DataStore.open(path, mode="w")
-    try:
-        xr.Dataset(attrs=attrs).dump_to_store(store)
-        yield lambda group, dataset: dataset.dump_to_store(store.get_child_store(group))
-    finally:
-        store.close()
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:
