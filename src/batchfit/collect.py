@@ -9,12 +9,14 @@ the sweep has, and writes every output atomically. Summaries are cached per fit 
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import itertools
 import json
 import logging
 import math
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +32,15 @@ from arviz_base import rcParams
 from arviz_stats.base import array_stats
 
 from batchfit.atomic import atomic_path
-from batchfit.combined import SweepLayout, fit_layout, plain_attrs, previous_blocks, read_posterior, stacked_writer
+from batchfit.combined import (
+    SweepLayout,
+    decoded_group,
+    fit_layout,
+    plain_attrs,
+    previous_blocks,
+    read_posterior,
+    stacked_writer,
+)
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.provenance import file_sha256, fit_digest
@@ -38,7 +48,7 @@ from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 
 log = logging.getLogger("batchfit")
 
-ENGINE = "netcdf4"
+PREVIOUS_POSTERIORS = "posteriors.previous.nc"  # in the summary cache directory: see _keep_for_next_collect
 SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
@@ -155,8 +165,8 @@ def collect_fits(
     sha256 and every setting and code the summary depends on (`summary_key`); only fits without
     a matching entry are read and summarised (`CollectReport.summarised_ids`). posteriors.nc is
     rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
-    layout is copied from it block by block instead of read from its fit
-    (`CollectReport.posterior_read_ids` lists the others).
+    layout (kept as a hard link in the cache directory) is copied from it block by block instead
+    of read from its fit (`CollectReport.posterior_read_ids` lists the others).
 
     Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
     record (the fit stage has not run for it), has both (one of them is stale), or, given
@@ -174,22 +184,24 @@ def collect_fits(
     layout = SweepLayout()
     with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
         with open(summary_tmp, "w", newline="") as out:
-            pd.DataFrame(columns=columns).to_csv(out, index=False)
+            csv_out = csv.writer(out, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
+            csv_out.writerow(columns)
             for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
                 if dataset_id in failures:
-                    _append(out, _failure_rows(failures[dataset_id], columns))
+                    csv_out.writerow(_failure_row(failures[dataset_id], columns))
                     continue
                 entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
-                table = _table(entry)
-                health = _health(table[table["variable"].isin(entry["scored"])], entry["divergences"], thresholds)
+                table = entry["table"]
+                scored = np.isin(table["variable"], entry["scored"])
+                health = _health(np.asarray(table["r_hat"], dtype=float)[scored],
+                                 np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"], thresholds)
                 statuses[dataset_id] = health["status"]
-                rows = _summary_rows(dataset_id, table[table["variable"].isin(entry["summarised"])], health,
-                                     columns, entry["attrs"])
-                _append(out, rows)
+                csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
                 layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
         for name, why in layout.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
-        read = _write_posteriors(posteriors_tmp, Path(posteriors_path), fitted, layout, cache, fit_path)
+        read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
+    _keep_for_next_collect(Path(posteriors_path), cache.directory / PREVIOUS_POSTERIORS)
     _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), failures_csv_path)
     log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
              len(cache.summarised), len(fitted), cache.directory, len(read))
@@ -230,6 +242,22 @@ def _write_posteriors(
                 read.append(dataset_id)
             writer.describe(i, entry["layout"], entry["attrs"], entry["fit_sha256"], entry["divergences"])
     return read
+
+
+def _keep_for_next_collect(posteriors: Path, keep: Path) -> None:
+    """Hard-link posteriors.nc into the cache directory, where the next collect copies unchanged blocks from.
+
+    Snakemake deletes a rule's outputs before running it, so the next collect cannot read the old
+    posteriors.nc itself; a hard link shares its disk space. Without hard links (some file
+    systems) the next collect reads every fit again: slower, same result.
+    """
+    try:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(keep) as tmp:
+            os.link(posteriors, tmp)
+    except OSError as exc:
+        keep.unlink(missing_ok=True)
+        log.info("collect: cannot link %s to %s (%s); the next collect reads every fit", posteriors, keep, exc)
 
 
 class SummaryCache:
@@ -273,8 +301,9 @@ class SummaryCache:
         summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
         scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
         table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
+        columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
         return {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
-                "table": table.to_dict(orient="split"), "layout": fit_layout(posterior[summarised]),
+                "table": columns, "layout": fit_layout(posterior[summarised]),
                 "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
 
 
@@ -301,16 +330,6 @@ def _code_sha256() -> str:
     return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("collect.py", "combined.py"))).hexdigest()
 
 
-def _table(entry: Mapping[str, Any]) -> pd.DataFrame:
-    split = entry["table"]
-    return pd.DataFrame(split["data"], index=split["index"], columns=split["columns"])
-
-
-def _append(out: Any, rows: pd.DataFrame) -> None:
-    """Append rows to summary.csv; divergences as nullable ints so failed rows write an empty cell."""
-    rows.astype({"divergences": "Int64"}).to_csv(out, index=False, header=False)
-
-
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
     """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons.
 
@@ -321,7 +340,8 @@ def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, An
     dataset_id = fit_path.stem
     posterior, divergences = read_fit(dataset_id, fit_path)
     scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
-    return _health(summarise_posterior(posterior, dataset_id, fit_path, names=scored), divergences, thresholds)
+    table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
+    return _health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences, thresholds)
 
 
 def summary_columns(summary: SummarySettings) -> list[str]:
@@ -512,21 +532,22 @@ def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
                 raise DatasetError("fit has no sample_stats/diverging variable", dataset=dataset_id, path=path)
             root_attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
             divergences = int(np.asarray(nc["sample_stats"]["diverging"][:]).sum())
-        recorded = root_attrs.get("dataset", dataset_id)
-        if recorded != dataset_id:
-            raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
-        with xr.open_dataset(path, group="posterior", engine=ENGINE) as ds:
-            posterior = ds.load().drop_encoding()
+            recorded = root_attrs.get("dataset", dataset_id)
+            if recorded != dataset_id:
+                raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
+            posterior = decoded_group(nc["posterior"])  # through the open file: opening it again costs ~1 ms
         posterior.attrs = {**posterior.attrs, **root_attrs}
         return posterior, divergences
     except (OSError, ValueError, RuntimeError) as exc:
         raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
 
 
-def _health(table: pd.DataFrame, divergences: int, thresholds: HealthThresholds) -> dict[str, Any]:
-    """Dataset-level health from its summary table and divergence count."""
-    max_r_hat = _nan_reduce(np.nanmax, table["r_hat"])
-    min_ess_bulk = _nan_reduce(np.nanmin, table["ess_bulk"])
+def _health(
+    r_hat: np.ndarray, ess_bulk: np.ndarray, divergences: int, thresholds: HealthThresholds
+) -> dict[str, Any]:
+    """Dataset-level health from the r_hat and ess_bulk of its scored elements and its divergence count."""
+    max_r_hat = _nan_reduce(np.nanmax, r_hat)
+    min_ess_bulk = _nan_reduce(np.nanmin, ess_bulk)
     reasons = []
     if divergences > thresholds.max_divergences:
         reasons.append(f"{divergences} divergences > {thresholds.max_divergences}")
@@ -543,31 +564,38 @@ def _health(table: pd.DataFrame, divergences: int, thresholds: HealthThresholds)
     }
 
 
-def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: pd.Series) -> float:
+def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:
     """`reduce` over the non-NaN values, NaN if there are none (comparisons then pass)."""
-    finite = values.to_numpy(dtype=float)
-    finite = finite[~np.isnan(finite)]
+    finite = values[~np.isnan(values)]
     return float(reduce(finite)) if finite.size else math.nan
 
 
 def _summary_rows(
-    dataset_id: str, table: pd.DataFrame, health: dict[str, Any], columns: list[str], fit_attrs: dict[str, Any]
-) -> pd.DataFrame:
+    dataset_id: str, entry: Mapping[str, Any], health: dict[str, Any], columns: list[str]
+) -> list[list[str]]:
     """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took."""
-    rows = table.rename_axis("parameter").reset_index()
-    rows.insert(0, "dataset", dataset_id)
-    for key in ("divergences", "max_r_hat", "min_ess_bulk", "status"):
-        rows[key] = health[key]
-    rows["message"] = "; ".join(health["reasons"])
-    rows["structure"] = str(fit_attrs.get("structure", ""))[:12]
-    rows["sampler_path"] = str(fit_attrs.get("sampler_path", ""))
-    return rows[columns]
+    table, attrs = entry["table"], entry["attrs"]
+    per_dataset = {
+        "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
+        "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
+        "sampler_path": str(attrs.get("sampler_path", "")),
+    }
+    wanted = set(entry["summarised"])
+    return [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
+            for i, variable in enumerate(table["variable"]) if variable in wanted]
 
 
-def _failure_rows(record: dict[str, str], columns: list[str]) -> pd.DataFrame:
+def _failure_row(record: dict[str, str], columns: list[str]) -> list[str]:
     """The single summary.csv row for a failed dataset."""
-    row = {"dataset": record["dataset"], "parameter": "", "status": "failed", "message": record["message"]}
-    return pd.DataFrame([row], columns=columns)
+    row = {"dataset": record["dataset"], "status": "failed", "message": record["message"]}
+    return [row.get(c, "") for c in columns]
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell as pandas writes it: floats as their shortest repr, NaN as an empty cell."""
+    if isinstance(value, float | np.floating):
+        return "" if math.isnan(value) else repr(float(value))
+    return str(value)
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:

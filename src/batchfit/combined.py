@@ -250,12 +250,18 @@ def previous_blocks(path: Path, signature: str) -> Iterator[tuple[netCDF4.Datase
 
 
 def read_posterior(path: Path) -> xr.Dataset:
-    """The posterior group of a fit, decoded as xarray decodes it and loaded (one open of the file)."""
-    store = xr.backends.NetCDF4DataStore.open(path, group=POSTERIOR)
-    try:
-        return xr.decode_cf(store).load()
-    finally:
-        store.close()
+    """The posterior group of a fit, decoded and loaded."""
+    with netCDF4.Dataset(path) as nc:
+        return decoded_group(nc[POSTERIOR])
+
+
+def decoded_group(group: netCDF4.Group) -> xr.Dataset:
+    """An open NetCDF group as ``xr.open_dataset(..., group=)`` decodes it, loaded into memory.
+
+    Through the already open file: xarray's own opening (file manager, backend guessing) costs
+    about as much as reading a small fit.
+    """
+    return xr.decode_cf(xr.backends.NetCDF4DataStore(group)).load().drop_encoding()
 
 
 def dataset_posterior(posterior: xr.Dataset, info: xr.Dataset, dataset_id: str) -> xr.Dataset:
