@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import netCDF4
 import numpy as np
@@ -43,7 +43,7 @@ from batchfit.combined import (
 )
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
-from batchfit.provenance import file_sha256, fit_digest
+from batchfit.provenance import file_sha256
 from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 
 log = logging.getLogger("batchfit")
@@ -168,19 +168,18 @@ def collect_fits(
     layout (kept as a hard link in the cache directory) is copied from it block by block instead
     of read from its fit (`CollectReport.posterior_read_ids` lists the others).
 
-    Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
-    record (the fit stage has not run for it), has both (one of them is stale), or, given
+    Raises BatchfitError, writing no output (only cache entries), if a dataset has neither a fit
+    nor a failure record (the fit stage has not run for it), has both (one of them is stale), or, given
     ``expected_provenance``, has a fit whose recorded provenance digest differs (it was made
     with other settings, another model or other data, and must not be mixed in).
     """
     fitted, failed = _classify(dataset_ids, fit_path, failure_path)
-    if expected_provenance is not None:
-        _check_provenance(fitted, fit_path, expected_provenance)
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
     cache = SummaryCache(Path(cache_dir or Path(summary_path).parent / "summaries"), summary, thresholds)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}
+    stale: list[str] = []
     layout = SweepLayout()
     with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
         with open(summary_tmp, "w", newline="") as out:
@@ -191,6 +190,10 @@ def collect_fits(
                     csv_out.writerow(_failure_row(failures[dataset_id], columns))
                     continue
                 entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
+                # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
+                recorded = entry["attrs"].get("provenance")
+                if expected_provenance is not None and recorded != expected_provenance[dataset_id]:
+                    stale.append(dataset_id)
                 table = entry["table"]
                 scored = np.isin(table["variable"], entry["scored"])
                 health = _health(np.asarray(table["r_hat"], dtype=float)[scored],
@@ -198,6 +201,8 @@ def collect_fits(
                 statuses[dataset_id] = health["status"]
                 csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
                 layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
+        if stale:
+            _stale_error(stale, fitted, fit_path)
         for name, why in layout.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
         read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
@@ -495,25 +500,14 @@ def _classify(
     return fitted, failed
 
 
-def _check_provenance(
-    fitted: Sequence[str], fit_path: Callable[[str], Path], expected: Mapping[str, str]
-) -> None:
-    """Raise if any fit recorded another provenance digest than the current config gives."""
-    stale = []
-    for dataset_id in fitted:
-        try:
-            recorded = fit_digest(fit_path(dataset_id))
-        except OSError as exc:
-            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit_path(dataset_id)) from exc
-        if recorded != expected[dataset_id]:
-            stale.append(dataset_id)
-    if stale:
-        raise BatchfitError(
-            f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
-            f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
-            f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
-            "batchfit run): it refits exactly these datasets"
-        )
+def _stale_error(stale: Sequence[str], fitted: Sequence[str], fit_path: Callable[[str], Path]) -> NoReturn:
+    """Raise for fits that recorded another provenance digest than the current config gives."""
+    raise BatchfitError(
+        f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
+        f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
+        f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
+        "batchfit run): it refits exactly these datasets"
+    )
 
 
 def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:

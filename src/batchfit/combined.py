@@ -152,7 +152,7 @@ class StackedWriter:
             stored = np.dtype(np.int8) if dtype.kind == "b" else dtype
             shape = [len(layout.labels[d]) for d in layout.dims[name]]
             var = self.posterior.createVariable(
-                name, stored, (DATASET_DIM, *layout.dims[name]), chunksizes=(1, *shape),
+                name, stored, (DATASET_DIM, *layout.dims[name]), chunksizes=(1, *[max(1, n) for n in shape]),
                 fill_value=np.nan if stored.kind == "f" else False)
             attrs = {k: v if not isinstance(v, bool | dict | list) else json.dumps(v)
                      for k, v in layout.attrs[name].items()}
