@@ -36,6 +36,7 @@ from batchfit.combined import (
     SweepLayout,
     decoded_group,
     fit_layout,
+    no_chunk_cache,
     plain_attrs,
     previous_blocks,
     read_posterior,
@@ -231,7 +232,8 @@ def _write_posteriors(
 ) -> list[str]:
     """Write posteriors.nc to `tmp`, copying unchanged datasets' blocks from `previous`; return ids read from fits."""
     read = []
-    with stacked_writer(tmp, layout, fitted) as writer, previous_blocks(previous, layout.signature()) as (old, blocks):
+    with (no_chunk_cache(), stacked_writer(tmp, layout, fitted) as writer,
+          previous_blocks(previous, layout.signature()) as (old, blocks)):
         for i, dataset_id in enumerate(fitted):
             entry = cache.load(dataset_id)
             block = blocks.get(dataset_id)
