@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import arviz
+import arviz_stats
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
 
-from batchfit import __version__
+import batchfit
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.collect import collect, collect_fits, dataset_health
+from batchfit.combined import dataset_posterior
 from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.variables import DETERMINISTIC, ROLE_ATTR
@@ -81,7 +83,7 @@ def write_fit(
         {"posterior": posterior, "sample_stats": sample_stats, "observed_data": observed, "constant_data": constant}
     )
     tree.attrs = {
-        "batchfit_version": __version__,
+        "batchfit_version": batchfit.__version__,
         "dataset": dataset_id,
         "source": f"data/{dataset_id}.csv",
         "model_file": "model.py",
@@ -143,24 +145,47 @@ def test_collect_report(sweep: Config) -> None:
     assert leftovers == []
 
 
-def test_posteriors_one_group_per_dataset(sweep: Config) -> None:
+def test_posteriors_stack_datasets_along_a_dimension(sweep: Config) -> None:
     collect(sweep, IDS)
+    fitted = ["store_01", "store_02", "store_03", "store_07"]
     with xr.open_datatree(sweep.posteriors_path) as tree:
-        assert sorted(tree.children) == ["store_01", "store_02", "store_03", "store_07"]
-        assert tree.attrs["batchfit_version"] == __version__
         assert tree.attrs["n_datasets"] == 4
-        assert json.loads(tree.attrs["datasets"]) == ["store_01", "store_02", "store_03", "store_07"]
+        posterior, info = tree["posterior"].ds, tree["datasets"].ds
+        assert list(posterior["dataset"].values) == fitted
+        assert set(posterior.data_vars) == {"a", "sigma", "L"}
+        assert posterior["a"].dims == ("dataset", "chain", "draw", "group")
+        assert list(posterior["group"].values) == ["g1", "g2", "g3", "g4", "g5"]  # the union of the labels
+        assert info["group_present"].sel(dataset="store_01").values.tolist() == [True] * 3 + [False] * 2
+        assert np.isnan(posterior["a"].sel(dataset="store_01", group="g4")).all()  # padding
+        assert info["model_hash"].sel(dataset="store_01").item() == "abc123"
+        assert info["divergences"].sel(dataset="store_02").item() == 4
+        for dataset_id in fitted:
+            with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+                xr.testing.assert_equal(dataset_posterior(posterior, info, dataset_id), fit["posterior"].to_dataset())
 
-        store_07 = tree["store_07"].ds
-        assert set(store_07.data_vars) == {"a", "sigma", "L"}
-        assert list(store_07["group"].values) == ["g1", "g2", "g3", "g4", "g5"]
-        assert store_07["a"].dims == ("chain", "draw", "group")
-        assert tree["store_01"].ds.sizes["group"] == 3
-        assert tree["store_01"].ds.attrs["dataset"] == "store_01"
-        assert tree["store_01"].ds.attrs["model_hash"] == "abc123"
 
-        with xr.open_datatree(sweep.fit_path("store_07")) as fit:
-            xr.testing.assert_equal(tree["store_07"].to_dataset(), fit["posterior"].to_dataset())
+def test_variables_differing_between_datasets_follow_the_padding_rule(tmp_path: Path) -> None:
+    """A variable some fits lack is NaN there; one whose dims differ is left out; an int padded comes back int."""
+    config = sweep_config(tmp_path / "results")
+    write_fit(config, "s1", 2, seed=1, stuck_deterministic=True)
+    write_fit(config, "s2", 3, seed=2)
+    with xr.open_datatree(config.fit_path("s1")) as tree:
+        odd = tree.to_dict()
+    odd["/posterior"] = odd["/posterior"].assign(
+        L=(("chain", "draw", "k", "group"), odd["/posterior"]["L"].transpose("chain", "draw", "k", "group").values),
+        n=(("chain", "draw", "group"), np.arange(CHAINS * DRAWS * 2).reshape(CHAINS, DRAWS, 2)))
+    config.fit_path("s1").unlink()
+    xr.DataTree.from_dict(odd).to_netcdf(config.fit_path("s1"), engine="netcdf4")
+    collect(config, ["s1", "s2"])
+    with xr.open_datatree(config.posteriors_path) as tree:
+        posterior, info = tree["posterior"].ds, tree["datasets"].ds
+        assert "L" not in posterior and "L" in json.loads(tree.attrs["excluded_variables"])
+        assert np.isnan(posterior["d"].sel(dataset="s2")).all()
+        ours = dataset_posterior(posterior, info, "s1")
+        with xr.open_datatree(config.fit_path("s1")) as fit:
+            xr.testing.assert_equal(ours, fit["posterior"].to_dataset().drop_dims("k"))
+        assert ours["n"].dtype == fit["posterior"]["n"].dtype
+        assert "d" not in dataset_posterior(posterior, info, "s2")
 
 
 def test_outputs_open_with_arviz(sweep: Config) -> None:
@@ -168,8 +193,11 @@ def test_outputs_open_with_arviz(sweep: Config) -> None:
     fit = arviz.from_netcdf(sweep.fit_path("store_01"))
     assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(fit.children)
     combined = arviz.from_netcdf(sweep.posteriors_path)
-    table = arviz.summary(combined["store_02"].ds, round_to="none")
-    assert "a[g5]" in table.index
+    table = arviz.summary(combined, round_to="none")  # every dataset at once
+    assert "a[store_07, g5]" in table.index and table.loc["a[store_01, g5]"].isna().all()
+    one = arviz.summary(combined["posterior"].ds.sel(dataset="store_07"), round_to="none")
+    reference = arviz.summary(arviz.from_netcdf(sweep.fit_path("store_07")), round_to="none")
+    pd.testing.assert_frame_equal(one, reference)
 
 
 def test_summary_csv(sweep: Config) -> None:
@@ -279,7 +307,7 @@ def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
         thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0),
     )
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
-    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv"}
+    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv", "summaries"}
 
 
 def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:
@@ -367,3 +395,101 @@ def test_stale_temporaries_of_the_given_files_only_are_removed(tmp_path: Path) -
         tmp.write_text("new")
         # atomic_path's own temporaries match: hence only for the process that owns the file
         assert sorted(remove_stale_temporaries([fits / "a.b.nc"])) == sorted([names["a.b"], tmp])
+
+
+# --- incremental collect ---------------------------------------------------------------------------
+
+def fresh_collect_summary(config: Config, ids: list[str], tmp_path: Path) -> pd.DataFrame:
+    """summary.csv of a collect of the same fits with an empty summary cache, as the reference."""
+    out = tmp_path / "from-scratch"
+    collect_fits(ids, fit_path=config.fit_path, failure_path=config.failure_path, posteriors_path=out / "p.nc",
+                 summary_path=out / "s.csv", failures_csv_path=out / "f.csv", thresholds=config.health,
+                 summary=config.summary)
+    return pd.read_csv(out / "s.csv", keep_default_na=False, na_values=[""])
+
+
+def test_adding_datasets_summarises_and_reads_only_those(sweep: Config, tmp_path: Path) -> None:
+    first = collect(sweep, IDS)
+    assert first.summarised_ids == first.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
+    write_fit(sweep, "store_08", 5, seed=8)
+    write_fit(sweep, "store_09", 3, seed=9)
+    ids = [*IDS, "store_08", "store_09"]
+    again = collect(sweep, ids)
+    assert again.summarised_ids == again.posterior_read_ids == ["store_08", "store_09"]
+    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
+    with xr.open_datatree(sweep.posteriors_path) as tree:
+        for dataset_id in ["store_01", "store_09"]:  # copied from the previous file, read from its fit
+            with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+                xr.testing.assert_equal(dataset_posterior(tree["posterior"].ds, tree["datasets"].ds, dataset_id),
+                                        fit["posterior"].to_dataset())
+    assert collect(sweep, ids).summarised_ids == []
+
+
+def test_a_changed_fit_or_summary_setting_is_summarised_again(sweep: Config, tmp_path: Path) -> None:
+    collect(sweep, IDS)
+    write_fit(sweep, "store_07", 5, seed=70)  # refitted: new draws
+    report = collect(sweep, IDS)
+    assert report.summarised_ids == report.posterior_read_ids == ["store_07"]
+    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, IDS, tmp_path))
+
+    narrower = config_from_dict({**config_to_dict(sweep), "summary": {"ci_prob": 0.5, "ci_kind": "eti"}})
+    assert collect(narrower, IDS).summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
+    assert "eti50_lb" in pd.read_csv(narrower.summary_path).columns
+    scored = config_from_dict({**config_to_dict(narrower), "health": {"var_names": ["sigma"]}})
+    assert collect(scored, IDS).summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
+    stricter = config_from_dict({**config_to_dict(scored), "health": {"var_names": ["sigma"], "min_ess_bulk": 1e6}})
+    report = collect(stricter, IDS)  # thresholds are applied to the cached table: nothing summarised again
+    assert report.summarised_ids == [] and report.n_warning == 4
+
+
+def test_cached_summary_rows_equal_arviz_stats_summary(sweep: Config) -> None:
+    """summary.csv after a collect that took every row from the cache, against arviz_stats on the fits."""
+    collect(sweep, IDS)
+    assert collect(sweep, IDS).summarised_ids == []
+    summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    for dataset_id in ["store_01", "store_02", "store_03", "store_07"]:
+        ours = summary[summary["dataset"] == dataset_id].set_index("parameter")
+        with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+            reference = arviz_stats.summary(fit, ci_kind="hdi", round_to="none")  # summary.ci_kind's default
+        assert list(ours.index) == list(reference.index)
+        np.testing.assert_allclose(ours[reference.columns].to_numpy(float), reference.to_numpy(float), rtol=1e-10)
+
+
+def test_a_damaged_cache_entry_is_recomputed(sweep: Config) -> None:
+    collect(sweep, IDS)
+    (sweep.results_dir / "summaries" / "store_02.json").write_text("{not json")
+    assert collect(sweep, IDS).summarised_ids == ["store_02"]
+
+
+# --- open_results ---------------------------------------------------------------------------------
+
+def test_open_results_hands_arviz_one_dataset_or_all(sweep: Config, tmp_path: Path) -> None:
+    import arviz_plots
+
+    collect(sweep, IDS)
+    config_file, model = tmp_path / "sweep.yaml", tmp_path / "model.py"
+    model.write_text("def build_model(data):\n    pass\n")
+    config_file.write_text(json.dumps({**config_to_dict(sweep), "model": str(model)}))
+    for source in (sweep, sweep.results_dir, config_file):
+        with batchfit.open_results(source) as results:
+            assert results.dataset_ids == ["store_01", "store_02", "store_03", "store_07"]
+            assert list(results.failures["dataset"]) == ["store_04"]
+            assert set(results.summary["dataset"]) == set(IDS)
+    with batchfit.open_results(sweep) as results:
+        for dataset_id in results.dataset_ids:
+            ours = arviz.summary(results.dataset(dataset_id), round_to="none")
+            pd.testing.assert_frame_equal(ours, arviz.summary(arviz.from_netcdf(sweep.fit_path(dataset_id)),
+                                                              round_to="none"))
+        assert results.dataset("store_01").attrs["model_hash"] == "abc123"
+        plot = arviz_plots.plot_forest(results.tree, backend="matplotlib")
+        assert plot.viz["figure"].item() is not None
+        with pytest.raises(KeyError, match="store_04"):
+            results.dataset("store_04")
+
+
+def test_open_results_before_collect_says_what_to_run(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    with pytest.raises(FileNotFoundError, match="run collect first"):
+        batchfit.open_results(tmp_path / "results")

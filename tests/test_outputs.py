@@ -101,8 +101,8 @@ def test_observation_sized_deterministic_is_not_summarised_by_default(ordinal):
     variables = {re.sub(r"\[.*", "", p) for p in summary.index}
     assert variables == {"a", "b", "cutpoints", "a_centered", "spread"}
     with xr.open_datatree(config.posteriors_path) as combined:
-        assert set(combined["s1"].ds.data_vars) == variables
-        assert "y_obs_probs_dim_0" not in combined["s1"].ds.dims
+        assert set(combined["posterior"].ds.data_vars) == variables
+        assert "y_obs_probs_dim_0" not in combined["posterior"].ds.dims
 
 
 @pytest.mark.parametrize("summary_settings", [{}, {"ci_prob": 0.94}, {"ci_prob": 0.5, "ci_kind": "eti"}])

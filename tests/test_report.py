@@ -16,6 +16,7 @@ import pytest
 import xarray as xr
 from test_pipeline import snakemake, write_sweep
 
+from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.plots import forest_draws, forest_figure
@@ -26,7 +27,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 
 def write_posteriors(path: Path, n_datasets: int, seed: int = 0) -> dict[str, xr.Dataset]:
-    """A posteriors.nc as collect writes it (a group per dataset, roles as attributes); returns the groups."""
+    """A posteriors.nc as collect writes it (stacked along `dataset`, roles as attributes); returns each dataset's."""
     rng = np.random.default_rng(seed)
     groups = {}
     for i in range(n_datasets):
@@ -37,7 +38,13 @@ def write_posteriors(path: Path, n_datasets: int, seed: int = 0) -> dict[str, xr
             "twice_mu": (("chain", "draw"), rng.normal(size=(2, 50)), {ROLE_ATTR: DETERMINISTIC}),
         }, coords={"groups": [f"g{j}" for j in range(n_groups)]})
         groups[f"ds_{i:02d}"] = ds
-    xr.DataTree.from_dict(groups).to_netcdf(path, engine="netcdf4")
+    layout = SweepLayout()
+    for dataset_id, ds in groups.items():
+        layout.add(fit_layout(ds), [], dataset_id)
+    with stacked_writer(path, layout, list(groups)) as writer:
+        for i, ds in enumerate(groups.values()):
+            writer.put(i, ds)
+            writer.describe(i, fit_layout(ds), {}, "", 0)
     return groups
 
 

@@ -1,15 +1,23 @@
 """batchfit: fit one PyMC model structure to many datasets, compiling once.
 
 The entry points below are imported on first use (``batchfit.load_dataset``), so importing
-batchfit stays cheap for the command line and the Snakefile.
+batchfit stays cheap for the command line and the Snakefile (no PyMC, no xarray).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchfit.results import Results, open_results
 
 __version__ = "0.1.0"
 
 # name -> module that defines it
 _LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook",
-         "workflow_snakefile": "batchfit.project"}
-__all__ = ["__version__", "build_model", "load_dataset", "workflow_snakefile"]
+         "workflow_snakefile": "batchfit.project", "open_results": "batchfit.results",
+         "Results": "batchfit.results"}
+__all__ = ["Results", "__version__", "build_model", "load_dataset", "open_results", "workflow_snakefile"]
 
 
 def __getattr__(name: str) -> object:

@@ -1,21 +1,28 @@
 """Combine the per-dataset fits of a sweep into posteriors.nc, summary.csv and failures.csv.
 
 Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure record
-(``failures/{id}.json``). Collect reads them one at a time, so memory stays flat however many
-datasets the sweep has, and writes every output atomically.
+(``failures/{id}.json``). Collect handles them one at a time, streaming summary.csv and
+posteriors.nc (layout: `batchfit.combined`) to disk, so memory stays flat however many datasets
+the sweep has, and writes every output atomically. Summaries are cached per fit content
+(`SummaryCache`), so adding datasets to a finished sweep summarises only those.
 """
 
 from __future__ import annotations
 
+import csv
+import functools
+import hashlib
 import itertools
 import json
+import logging
 import math
+import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import netCDF4
 import numpy as np
@@ -24,14 +31,25 @@ import xarray as xr
 from arviz_base import rcParams
 from arviz_stats.base import array_stats
 
-from batchfit import __version__
 from batchfit.atomic import atomic_path
+from batchfit.combined import (
+    SweepLayout,
+    decoded_group,
+    fit_layout,
+    no_chunk_cache,
+    plain_attrs,
+    previous_blocks,
+    read_posterior,
+    stacked_writer,
+)
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
-from batchfit.provenance import fit_digest
+from batchfit.provenance import file_sha256
 from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 
-ENGINE = "netcdf4"
+log = logging.getLogger("batchfit")
+
+PREVIOUS_POSTERIORS = "posteriors.previous.nc"  # in the summary cache directory: see _keep_for_next_collect
 SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
@@ -82,6 +100,8 @@ class CollectReport:
     failures_path: Path
     warning_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
+    summarised_ids: list[str] = field(default_factory=list)  # summarised this run (no valid cached summary)
+    posterior_read_ids: list[str] = field(default_factory=list)  # read from their fits (not copied from before)
 
     @property
     def n_datasets(self) -> int:
@@ -119,6 +139,7 @@ def collect(
         thresholds=config.health,
         summary=config.summary,
         expected_provenance=expected_provenance,
+        cache_dir=config.results_dir / "summaries",
     )
 
 
@@ -133,46 +154,63 @@ def collect_fits(
     thresholds: HealthThresholds,
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
+    cache_dir: Path | None = None,
 ) -> CollectReport:
-    """Write posteriors.nc, summary.csv and failures.csv for `dataset_ids`, in that order.
+    """Write summary.csv, posteriors.nc and failures.csv for `dataset_ids`.
 
-    posteriors.nc and summary.csv hold the variables `summary` selects; the status is scored on
-    those `thresholds` selects (see `batchfit.variables`).
+    posteriors.nc (`batchfit.combined`) and summary.csv hold the variables `summary` selects;
+    the status is scored on those `thresholds` selects (see `batchfit.variables`).
 
-    Raises BatchfitError before writing anything if a dataset has neither a fit nor a failure
-    record (the fit stage has not run for it), has both (one of them is stale), or, given
+    Incremental: each fit's summary rows, divergences and layout are cached in
+    ``cache_dir/{id}.json`` (default ``summaries/`` beside summary.csv), keyed by the fit file's
+    sha256 and every setting and code the summary depends on (`summary_key`); only fits without
+    a matching entry are read and summarised (`CollectReport.summarised_ids`). posteriors.nc is
+    rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
+    layout (kept as a hard link in the cache directory) is copied from it block by block instead
+    of read from its fit (`CollectReport.posterior_read_ids` lists the others).
+
+    Raises BatchfitError, writing no output (only cache entries), if a dataset has neither a fit
+    nor a failure record (the fit stage has not run for it), has both (one of them is stale), or, given
     ``expected_provenance``, has a fit whose recorded provenance digest differs (it was made
     with other settings, another model or other data, and must not be mixed in).
     """
     fitted, failed = _classify(dataset_ids, fit_path, failure_path)
-    if expected_provenance is not None:
-        _check_provenance(fitted, fit_path, expected_provenance)
-    failures = [read_failure(dataset_id, failure_path(dataset_id)) for dataset_id in failed]
-
+    failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
+    cache = SummaryCache(Path(cache_dir or Path(summary_path).parent / "summaries"), summary, thresholds)
     columns = summary_columns(summary)
-    rows: dict[str, pd.DataFrame] = {record["dataset"]: _failure_rows(record, columns) for record in failures}
     statuses: dict[str, str] = {}
-    root_attrs = {
-        "batchfit_version": __version__,
-        "n_datasets": len(fitted),
-        "datasets": json.dumps(fitted),
-    }
-    with atomic_path(posteriors_path) as tmp, _netcdf_groups(tmp, root_attrs) as add_group:
-        for dataset_id in fitted:
-            path = Path(fit_path(dataset_id))
-            posterior, divergences = read_fit(dataset_id, path)
-            summarised = _selected(posterior, summary, "summary", dataset_id, path)
-            scored = _selected(posterior, thresholds, "health", dataset_id, path)
-            add_group(dataset_id, posterior[summarised])
-            table = summarise_posterior(posterior, dataset_id, path, summary, [*summarised, *scored])
-            health = _health(table[table["variable"].isin(scored)], divergences, thresholds)
-            statuses[dataset_id] = health["status"]
-            rows[dataset_id] = _summary_rows(dataset_id, table[table["variable"].isin(summarised)], health, columns,
-                                             posterior.attrs)
-
-    _write_csv(_concat([rows[dataset_id] for dataset_id in dataset_ids], columns), summary_path)
-    _write_csv(pd.DataFrame(failures, columns=FAILURE_COLUMNS), failures_csv_path)
+    stale: list[str] = []
+    layout = SweepLayout()
+    with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
+        with open(summary_tmp, "w", newline="") as out:
+            csv_out = csv.writer(out, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
+            csv_out.writerow(columns)
+            for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
+                if dataset_id in failures:
+                    csv_out.writerow(_failure_row(failures[dataset_id], columns))
+                    continue
+                entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
+                # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
+                recorded = entry["attrs"].get("provenance")
+                if expected_provenance is not None and recorded != expected_provenance[dataset_id]:
+                    stale.append(dataset_id)
+                table = entry["table"]
+                scored = np.isin(table["variable"], entry["scored"])
+                health = _health(np.asarray(table["r_hat"], dtype=float)[scored],
+                                 np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"], thresholds)
+                statuses[dataset_id] = health["status"]
+                csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
+                layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
+        if stale:
+            _stale_error(stale, fitted, fit_path)
+        for name, why in layout.excluded.items():
+            log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
+        read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
+    _keep_for_next_collect(Path(posteriors_path), cache.directory / PREVIOUS_POSTERIORS)
+    _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), failures_csv_path)
+    log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
+             len(cache.summarised), len(fitted), cache.directory, len(read))
 
     return CollectReport(
         n_ok=sum(status == "ok" for status in statuses.values()),
@@ -183,7 +221,120 @@ def collect_fits(
         failures_path=Path(failures_csv_path),
         warning_ids=[d for d, status in statuses.items() if status == "warning"],
         failed_ids=list(failed),
+        summarised_ids=cache.summarised,
+        posterior_read_ids=read,
     )
+
+
+def _write_posteriors(
+    tmp: Path, previous: Path, fitted: Sequence[str], layout: SweepLayout, cache: SummaryCache,
+    fit_path: Callable[[str], Path],
+) -> list[str]:
+    """Write posteriors.nc to `tmp`, copying unchanged datasets' blocks from `previous`; return ids read from fits."""
+    read = []
+    with (no_chunk_cache(), stacked_writer(tmp, layout, fitted) as writer,
+          previous_blocks(previous, layout.signature()) as (old, blocks)):
+        for i, dataset_id in enumerate(fitted):
+            entry = cache.load(dataset_id)
+            block = blocks.get(dataset_id)
+            if old is not None and block is not None and block[1] == entry["fit_sha256"]:
+                writer.copy(i, old, block[0])
+            else:
+                path = Path(fit_path(dataset_id))
+                try:
+                    posterior = read_posterior(path)
+                except (OSError, ValueError, RuntimeError) as exc:
+                    raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
+                writer.put(i, posterior[entry["summarised"]])
+                read.append(dataset_id)
+            writer.describe(i, entry["layout"], entry["attrs"], entry["fit_sha256"], entry["divergences"])
+    return read
+
+
+def _keep_for_next_collect(posteriors: Path, keep: Path) -> None:
+    """Hard-link posteriors.nc into the cache directory, where the next collect copies unchanged blocks from.
+
+    Snakemake deletes a rule's outputs before running it, so the next collect cannot read the old
+    posteriors.nc itself; a hard link shares its disk space. Without hard links (some file
+    systems) the next collect reads every fit again: slower, same result.
+    """
+    try:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(keep) as tmp:
+            os.link(posteriors, tmp)
+    except OSError as exc:
+        keep.unlink(missing_ok=True)
+        log.info("collect: cannot link %s to %s (%s); the next collect reads every fit", posteriors, keep, exc)
+
+
+class SummaryCache:
+    """Each fit's summary table, divergences, selected variables, layout and attributes, cached as JSON.
+
+    An entry is valid for exactly one fit file content and one `summary_key`; anything else is
+    recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
+    """
+
+    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds):
+        self.directory, self.summary, self.thresholds = directory, summary, thresholds
+        self.settings_key = summary_key(summary, thresholds)
+        self.summarised: list[str] = []
+
+    def entry(self, dataset_id: str, fit: Path) -> dict[str, Any]:
+        try:
+            fit_sha256 = file_sha256(fit)
+        except OSError as exc:
+            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit) from exc
+        key = hashlib.sha256(f"{self.settings_key}:{fit_sha256}".encode()).hexdigest()
+        path = self.directory / f"{dataset_id}.json"
+        try:
+            entry = json.loads(path.read_text())
+            if entry.get("key") == key:
+                return entry
+        except (OSError, ValueError):
+            pass
+        entry = self._compute(dataset_id, fit) | {"key": key, "fit_sha256": fit_sha256}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(entry))
+        self.summarised.append(dataset_id)
+        return entry
+
+    def load(self, dataset_id: str) -> dict[str, Any]:
+        """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""
+        return json.loads((self.directory / f"{dataset_id}.json").read_text())
+
+    def _compute(self, dataset_id: str, path: Path) -> dict[str, Any]:
+        posterior, divergences = read_fit(dataset_id, path)
+        summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
+        scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
+        table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
+        columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
+        return {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+                "table": columns, "layout": fit_layout(posterior[summarised]),
+                "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
+
+
+def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
+    """Digest of what a cached summary depends on besides the fit: settings, ArviZ's defaults and versions, this code.
+
+    The health thresholds are not in it (health is scored from the cached table at every
+    collect), the variables they select are.
+    """
+    parts = {
+        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, _ci_prob(summary)],
+        "health": [thresholds.var_names, thresholds.filter_vars],
+        "ess_tail_prob": rcParams["stats.ci_prob"],
+        "versions": {name: version(name) for name in ("arviz-stats", "arviz-base", "numpy", "xarray")},
+        "code": _code_sha256(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.cache
+def _code_sha256() -> str:
+    """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("collect.py", "combined.py"))).hexdigest()
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
@@ -196,7 +347,8 @@ def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, An
     dataset_id = fit_path.stem
     posterior, divergences = read_fit(dataset_id, fit_path)
     scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
-    return _health(summarise_posterior(posterior, dataset_id, fit_path, names=scored), divergences, thresholds)
+    table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
+    return _health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences, thresholds)
 
 
 def summary_columns(summary: SummarySettings) -> list[str]:
@@ -319,7 +471,7 @@ def _classify(
     bad_names = [d for d in dataset_ids if not d or "/" in d or d == "."]
     if bad_names:
         raise BatchfitError(
-            f"collect: dataset ids {_id_list(bad_names)} cannot name a group in posteriors.nc"
+            f"collect: dataset ids {_id_list(bad_names)} cannot name a file"
         )
     fitted, failed, missing, both = [], [], [], []
     for dataset_id in dataset_ids:
@@ -350,25 +502,14 @@ def _classify(
     return fitted, failed
 
 
-def _check_provenance(
-    fitted: Sequence[str], fit_path: Callable[[str], Path], expected: Mapping[str, str]
-) -> None:
-    """Raise if any fit recorded another provenance digest than the current config gives."""
-    stale = []
-    for dataset_id in fitted:
-        try:
-            recorded = fit_digest(fit_path(dataset_id))
-        except OSError as exc:
-            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit_path(dataset_id)) from exc
-        if recorded != expected[dataset_id]:
-            stale.append(dataset_id)
-    if stale:
-        raise BatchfitError(
-            f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
-            f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
-            f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
-            "batchfit run): it refits exactly these datasets"
-        )
+def _stale_error(stale: Sequence[str], fitted: Sequence[str], fit_path: Callable[[str], Path]) -> NoReturn:
+    """Raise for fits that recorded another provenance digest than the current config gives."""
+    raise BatchfitError(
+        f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
+        f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
+        f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
+        "batchfit run): it refits exactly these datasets"
+    )
 
 
 def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
@@ -376,7 +517,7 @@ def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
 
     Only what collect needs is read (the posterior, ``diverging`` and the root attributes), not
     the whole tree. The posterior keeps its own attrs plus the fit's root attrs (dataset,
-    source, model_hash, seed, sampler, ...) so each group of posteriors.nc carries provenance.
+    source, model_hash, seed, sampler, ...) so posteriors.nc records each dataset's provenance.
     """
     try:
         with netCDF4.Dataset(path) as nc:
@@ -387,21 +528,22 @@ def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
                 raise DatasetError("fit has no sample_stats/diverging variable", dataset=dataset_id, path=path)
             root_attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
             divergences = int(np.asarray(nc["sample_stats"]["diverging"][:]).sum())
-        recorded = root_attrs.get("dataset", dataset_id)
-        if recorded != dataset_id:
-            raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
-        with xr.open_dataset(path, group="posterior", engine=ENGINE) as ds:
-            posterior = ds.load().drop_encoding()
+            recorded = root_attrs.get("dataset", dataset_id)
+            if recorded != dataset_id:
+                raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
+            posterior = decoded_group(nc["posterior"])  # through the open file: opening it again costs ~1 ms
         posterior.attrs = {**posterior.attrs, **root_attrs}
         return posterior, divergences
     except (OSError, ValueError, RuntimeError) as exc:
         raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
 
 
-def _health(table: pd.DataFrame, divergences: int, thresholds: HealthThresholds) -> dict[str, Any]:
-    """Dataset-level health from its summary table and divergence count."""
-    max_r_hat = _nan_reduce(np.nanmax, table["r_hat"])
-    min_ess_bulk = _nan_reduce(np.nanmin, table["ess_bulk"])
+def _health(
+    r_hat: np.ndarray, ess_bulk: np.ndarray, divergences: int, thresholds: HealthThresholds
+) -> dict[str, Any]:
+    """Dataset-level health from the r_hat and ess_bulk of its scored elements and its divergence count."""
+    max_r_hat = _nan_reduce(np.nanmax, r_hat)
+    min_ess_bulk = _nan_reduce(np.nanmin, ess_bulk)
     reasons = []
     if divergences > thresholds.max_divergences:
         reasons.append(f"{divergences} divergences > {thresholds.max_divergences}")
@@ -418,54 +560,38 @@ def _health(table: pd.DataFrame, divergences: int, thresholds: HealthThresholds)
     }
 
 
-def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: pd.Series) -> float:
+def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:
     """`reduce` over the non-NaN values, NaN if there are none (comparisons then pass)."""
-    finite = values.to_numpy(dtype=float)
-    finite = finite[~np.isnan(finite)]
+    finite = values[~np.isnan(values)]
     return float(reduce(finite)) if finite.size else math.nan
 
 
 def _summary_rows(
-    dataset_id: str, table: pd.DataFrame, health: dict[str, Any], columns: list[str], fit_attrs: dict[str, Any]
-) -> pd.DataFrame:
+    dataset_id: str, entry: Mapping[str, Any], health: dict[str, Any], columns: list[str]
+) -> list[list[str]]:
     """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took."""
-    rows = table.rename_axis("parameter").reset_index()
-    rows.insert(0, "dataset", dataset_id)
-    for key in ("divergences", "max_r_hat", "min_ess_bulk", "status"):
-        rows[key] = health[key]
-    rows["message"] = "; ".join(health["reasons"])
-    rows["structure"] = str(fit_attrs.get("structure", ""))[:12]
-    rows["sampler_path"] = str(fit_attrs.get("sampler_path", ""))
-    return rows[columns]
+    table, attrs = entry["table"], entry["attrs"]
+    per_dataset = {
+        "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
+        "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
+        "sampler_path": str(attrs.get("sampler_path", "")),
+    }
+    wanted = set(entry["summarised"])
+    return [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
+            for i, variable in enumerate(table["variable"]) if variable in wanted]
 
 
-def _failure_rows(record: dict[str, str], columns: list[str]) -> pd.DataFrame:
+def _failure_row(record: dict[str, str], columns: list[str]) -> list[str]:
     """The single summary.csv row for a failed dataset."""
-    row = {"dataset": record["dataset"], "parameter": "", "status": "failed", "message": record["message"]}
-    return pd.DataFrame([row], columns=columns)
+    row = {"dataset": record["dataset"], "status": "failed", "message": record["message"]}
+    return [row.get(c, "") for c in columns]
 
 
-def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    """One summary table; divergences as nullable ints so failed rows write an empty cell."""
-    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
-    return table.astype({"divergences": "Int64"})
-
-
-@contextmanager
-def _netcdf_groups(path: Path, attrs: dict[str, Any]) -> Iterator[Callable[[str, xr.Dataset], None]]:
-    """Create a netCDF4 file with root `attrs`; yield `add(group, dataset)` writing one group.
-
-    The file stays open for all groups: `to_netcdf(mode="a", group=...)` per dataset re-opens
-    it and rescans every existing group, which is quadratic in the number of datasets (400
-    datasets took minutes). Each group is written and dropped in turn, so memory holds one
-    posterior at a time.
-    """
-    store = xr.backends.NetCDF4DataStore.open(path, mode="w")
-    try:
-        xr.Dataset(attrs=attrs).dump_to_store(store)
-        yield lambda group, dataset: dataset.dump_to_store(store.get_child_store(group))
-    finally:
-        store.close()
+def _cell(value: Any) -> str:
+    """A CSV cell as pandas writes it: floats as their shortest repr, NaN as an empty cell."""
+    if isinstance(value, float | np.floating):
+        return "" if math.isnan(value) else repr(float(value))
+    return str(value)
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import netCDF4
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -21,6 +20,7 @@ from arviz_stats.base import array_stats
 
 from batchfit.atomic import atomic_path
 from batchfit.collect import _ci_prob, _stack_elements
+from batchfit.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.variables import FREE, ROLE_ATTR, select_vars
@@ -75,10 +75,10 @@ def plot_health(summary: pd.DataFrame, path: Path) -> None:
 
 
 def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[str]:
-    """The variables `report.var_names` selects, or by default the scalar free parameters."""
+    """The variables `report.var_names` selects, or by default the scalar free parameters (of posteriors.nc)."""
     if settings.var_names is None:
         return [str(name) for name, var in posterior.data_vars.items()
-                if var.attrs.get(ROLE_ATTR, FREE) == FREE and set(var.dims) <= {"chain", "draw"}]
+                if var.attrs.get(ROLE_ATTR, FREE) == FREE and set(var.dims) <= {DATASET_DIM, "chain", "draw"}]
     try:
         return select_vars([str(name) for name in posterior.data_vars], settings.var_names, settings.filter_vars)
     except ValueError as exc:
@@ -86,42 +86,31 @@ def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[st
                           key="report.var_names") from None
 
 
-def _posteriors(posteriors_path: Path) -> Iterator[tuple[str, xr.Dataset]]:
-    """Each dataset's posterior from posteriors.nc, one at a time, through one open file.
-
-    Opening each group with xarray re-reads the whole file's metadata (minutes for 1,000
-    datasets), as does ``open_datatree``; netCDF4 opens it once.
-    """
-    with netCDF4.Dataset(posteriors_path) as nc:
-        nc.set_auto_mask(False)
-        for dataset_id, group in nc.groups.items():
-            variables = {name: (var.dimensions, var[...], {k: var.getncattr(k) for k in var.ncattrs()
-                                                             if not k.startswith("_")})
-                         for name, var in group.variables.items()}
-            coords = {name: variables.pop(name)[1] for name in list(variables) if name in group.dimensions}
-            yield dataset_id, xr.Dataset(variables, coords=coords)
-
-
 def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, xr.DataArray]:
     """Per forest variable, every dataset's draws along one dimension `dataset`, shaped (chain, draw, dataset).
 
     A scalar's row is its dataset (``store_007``); a vector's rows are its elements in each
-    dataset (``store_007 a[g01]``), since datasets may have different coordinates.
+    dataset (``store_007 a[g01]``), since datasets may have different coordinates. Only the
+    forest variables are read from posteriors.nc, and only the elements each dataset has.
     """
-    names: list[str] | None = None
-    labels: dict[str, list[str]] = {}
-    blocks: dict[str, list[np.ndarray]] = {}
-    for dataset_id, posterior in _posteriors(posteriors_path):
-        if names is None:
-            names = forest_variables(posterior, settings)
-            labels, blocks = {n: [] for n in names}, {n: [] for n in names}
+    with xr.open_datatree(posteriors_path) as tree:
+        stacked = tree[POSTERIOR].to_dataset()
+        names = forest_variables(stacked, settings)
+        stacked = stacked[names].load()
+        info = tree[DATASETS].to_dataset().load()
+    labels: dict[str, list[str]] = {n: [] for n in names}
+    blocks: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for dataset_id in map(str, stacked[DATASET_DIM].values):
+        posterior = dataset_posterior(stacked, info, dataset_id)
         for name in names:
+            if name not in posterior.data_vars:
+                continue
             element_labels, _, draws = _stack_elements(posterior[[name]])
             scalar = element_labels == [name]
             labels[name] += [dataset_id if scalar else f"{dataset_id} {label}" for label in element_labels]
             blocks[name].append(draws)
     return {name: xr.DataArray(np.moveaxis(np.concatenate(blocks[name]), 0, -1), dims=("chain", "draw", "dataset"),
-                               coords={"dataset": labels[name]}, name=name) for name in names or []}
+                               coords={"dataset": labels[name]}, name=name) for name in names if blocks[name]}
 
 
 def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySettings) -> plt.Figure:

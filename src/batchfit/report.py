@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import netCDF4
 import pandas as pd
+import xarray as xr
 import yaml
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path
+from batchfit.combined import DATASET_DIM, DATASETS
 from batchfit.config import Config, config_to_dict
 from batchfit.fingerprint import LIBRARIES
 from batchfit.plots import dataset_table, reason_counts, status_counts
@@ -108,9 +109,13 @@ def failures_page(failures: pd.DataFrame) -> str:
 
 
 def fit_attributes(posteriors_path: Path) -> dict[str, dict[str, str]]:
-    """Each fitted dataset's recorded attributes (its group's in posteriors.nc): keys, versions, dates."""
-    with netCDF4.Dataset(posteriors_path) as nc:
-        return {name: {key: str(group.getncattr(key)) for key in group.ncattrs()} for name, group in nc.groups.items()}
+    """Each fitted dataset's recorded attributes (its row of /datasets in posteriors.nc): keys, versions, dates."""
+    with xr.open_datatree(posteriors_path) as tree:
+        info = tree[DATASETS].to_dataset()
+        text = [name for name, var in info.data_vars.items() if var.dtype.kind in "OUS"]
+        table = info[text].load()
+    return {str(dataset_id): {str(key): str(table[key].values[i]) for key in text}
+            for i, dataset_id in enumerate(table[DATASET_DIM].values)}
 
 
 def provenance_page(config: Config, posteriors_path: Path, now: datetime.datetime | None = None) -> str:
