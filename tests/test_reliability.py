@@ -113,7 +113,7 @@ def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
 
 CONFIG_ERRORS = [
     pytest.param({"sampeler": {"draws": 10}}, "sampeler", "did you mean 'sampler'", id="unknown-key"),
-    pytest.param({"batch_size": "two"}, "batch_size", "must be an integer, got 'two'", id="wrong-type"),
+    pytest.param({"batch_size": "two"}, "batch_size", "must be an integer or 'auto', got 'two'", id="wrong-type"),
     pytest.param({"batch_size": 0}, "batch_size", "must be >= 1, got 0", id="zero-batch-size"),
     pytest.param({"sampler": {"draws": -5}}, "sampler.draws", "must be >= 1, got -5", id="negative-draws"),
     pytest.param({"sampler": {"chains": 0}}, "sampler.chains", "must be >= 1, got 0", id="zero-chains"),
