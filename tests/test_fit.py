@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -207,7 +208,8 @@ def test_posterior_does_not_depend_on_position_in_batch(batch10, tmp_path, sessi
             assert np.array_equal(post[var], reference[var]), f"{var} differs when {x} is fitted {name}"
 
 
-def test_datasets_sampled_side_by_side_get_the_draws_of_a_sequential_fit(batch10, tmp_path, hierarchical_entry):
+def test_datasets_sampled_side_by_side_get_the_draws_of_a_sequential_fit(batch10, tmp_path, hierarchical_entry,
+                                                                          caplog):
     """``chains: 1`` with 3 threads samples three datasets at once while the next is prepared and the
     last finished (all through one template): every group equals a one-thread fit's, in the batch's order."""
     ids = ["d2", "d5", "d7", "d9", "d4"]
@@ -215,8 +217,12 @@ def test_datasets_sampled_side_by_side_get_the_draws_of_a_sequential_fit(batch10
     for threads in (1, 3):
         config = make_config(tmp_path / f"threads-{threads}", hierarchical_entry,
                              [str(batch10["data_dir"] / "*.csv")], extras=True, sampler={**SAMPLER, "chains": 1})
-        report = fit_batch(config, ids, batch_id="b", threads=threads)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="batchfit"):
+            report = fit_batch(config, ids, batch_id="b", threads=threads)
         assert [(o.dataset, o.status) for o in report.outcomes] == [(d, "ok") for d in ids], report.outcomes
+        progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+        assert progress and progress[-1].startswith(f"progress: {len(ids)}/{len(ids)} datasets, "), progress
         runs[threads] = {d: read_tree(config.fit_path(d)) for d in ids}
     for d in ids:
         assert_groups_equal(runs[1][d], runs[3][d])
