@@ -33,7 +33,7 @@ Monte Carlo error (means within 0.2 posterior sd of naive's). Writes benchmarks/
 benchmarks/results/sweep-N.png and prints a Markdown table for the README.
 
 ``--scaling``: for each N, N tiny datasets (30 rows, 3 groups; 2 chains x 200 + 200 draws), a
-warm ``snakemake --cores C`` sweep (the cache filled by ``batchfit compile`` first, unmeasured)
+warm ``snakemake --cores C`` sweep (the cache filled by Snakemake's compile job first, unmeasured)
 beside pure sampling (``nutpie.sample`` in one process on up to 100 of them, per dataset). Writes
 benchmarks/results/scaling.csv and scaling.png: per-dataset cost against N, with the peak RSS
 of every fit job and of collect.
@@ -442,7 +442,9 @@ def write_tiny(n: int, out_dir: Path) -> list[Path]:
 
 def scaling(ns: list[int], cores: int) -> None:
     """Warm batchfit sweeps of tiny datasets at each N beside pure sampling: scaling.csv and scaling.png."""
+    from batchfit.config import load_config
     from batchfit.fit import dataset_seed
+    from batchfit.pipeline import compile_stamp_path
 
     root = fresh_dir(RESULTS / "scaling")
     sampler = {**example_sampler(), "draws": 200, "tune": 200}
@@ -455,8 +457,9 @@ def scaling(ns: list[int], cores: int) -> None:
         config = {"model": str(MODEL), "datasets": [str(data[0].parent / "*.csv")], "sampler": sampler,
                   "cache_dir": str(cache), "results_dir": str(res_dir)}
         config_path, cmd = snakemake_run(config, root / f"n{n}", cores)
-        phase(f"scaling N={n}: fill the cache (batchfit compile, not measured)")
-        run_tracked([PY, "-m", "batchfit.cli", "compile", "--config", config_path], env=child_env()).check()
+        phase(f"scaling N={n}: fill the cache (snakemake's compile job, not measured)")
+        stamp = compile_stamp_path(load_config(config_path))  # the compile rule's output: then warm skips it
+        run_tracked([*cmd[:-1], stamp], env=child_env(), cwd=REPO).check()
         shutil.rmtree(res_dir, ignore_errors=True)
         phase(f"scaling N={n}: pure sampling of {min(n, 100)} datasets in one process")
         spec = root / f"n{n}" / "pure.json"
