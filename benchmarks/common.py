@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
@@ -77,6 +77,11 @@ class Run:
     stderr: str
     peak_rss_largest: int  # bytes: the largest single process of the tree at any poll
     peak_rss_tree: int  # bytes: the whole tree's sum at any poll
+    peaks: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid -> (command line, peak RSS bytes)
+
+    def peak_of(self, part: str) -> int:
+        """The largest peak RSS (bytes) of the tree's processes whose command line contains ``part``."""
+        return max((rss for cmdline, rss in self.peaks.values() if part in cmdline), default=0)
 
     def json(self) -> dict:
         """The last line of stdout that is a JSON object (how the child scripts report)."""
@@ -101,6 +106,7 @@ def run_tracked(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path 
         start = time.perf_counter()
         proc = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=err, env=env, cwd=cwd)
         largest = tree = 0
+        peaks: dict[int, tuple[str, int]] = {}
         stop = threading.Event()
 
         def watch() -> None:
@@ -118,8 +124,11 @@ def run_tracked(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path 
                 for p in procs:
                     try:
                         rss = p.memory_info().rss
+                        if p.pid not in peaks:
+                            peaks[p.pid] = (" ".join(p.cmdline()), 0)
                     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                         continue
+                    peaks[p.pid] = (peaks[p.pid][0], max(peaks[p.pid][1], rss))
                     largest = max(largest, rss)
                     total += rss
                 tree = max(tree, total)
@@ -133,7 +142,7 @@ def run_tracked(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path 
         watcher.join()
         out.seek(0)
         err.seek(0)
-        return Run(list(map(str, cmd)), wall, rc, out.read(), err.read(), largest, tree)
+        return Run(list(map(str, cmd)), wall, rc, out.read(), err.read(), largest, tree, peaks)
 
 
 def median(values) -> float:

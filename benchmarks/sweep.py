@@ -1,35 +1,42 @@
-"""A sweep four ways, side by side in one run: naive per-process pm.sample, nutpie in-process, batchfit cold and warm.
+"""A sweep four ways, side by side in one run: naive per-process pm.sample, nutpie in-process, batchfit cold and warm;
+and how batchfit's per-dataset cost scales with N.
 
-    python benchmarks/sweep.py [--n 20]
+    python benchmarks/sweep.py [--n 20 100] [--scaling 100 1000 10000] [--cores 2]
 
-The same N simulated example datasets (``batchfit simulate``, 3-8 groups, 40-200 rows), the same
-sampler settings (config/config.yaml: 2 chains x 1000 tune + 1000 draws, target_accept 0.9),
-every fit written as a NetCDF file, 2 cores for everyone:
+For each ``--n``: the same N simulated example datasets (``batchfit simulate``, 3-8 groups,
+40-200 rows), the same sampler settings (config/config.yaml: 2 chains x 1000 tune + 1000 draws,
+target_accept 0.9), every fit written as a NetCDF file, ``--cores`` cores for everyone:
 
 1. naive: one fresh ``python`` per dataset running plain ``pm.sample(nuts_sampler="nutpie")``
-   (numba backend) on models/hierarchical.py and ``idata.to_netcdf`` -- a hand-rolled Snakemake
-   rule's job. Run one after another, each with its 2 chains on 2 cores (what
-   ``snakemake --cores 2`` does with ``threads: 2``; running two 1-core jobs at a time would
-   only halve the chain parallelism). Snakemake's own overhead is not added. PyTensor's numba
-   cache is warm (one unmeasured warm-up process first), which favours naive.
+   (numba backend) on models/hierarchical.py and ``idata.to_netcdf`` -- what a user with
+   ``xargs -P`` or a job array runs: as many processes at once as there are cores, each with
+   pm.sample's own chain parallelism. PyTensor's numba cache is warm (one unmeasured warm-up
+   process first), which favours naive.
 2. nutpie in-process: one process, ``nutpie.compile_pymc_model`` once per distinct shape, then
    ``with_data`` + ``nutpie.sample`` + ``to_netcdf`` per dataset. ``with_data`` cannot change
    the number of parameters, and the datasets have 3-8 groups, so it compiles once per distinct
    group count (6 for N >= 6) and all compiles count as compile time. Same warm PyTensor cache
    as naive. Its ``nutpie.sample`` time alone is the "pure sampling" reference.
-3. batchfit cold: ``snakemake --cores 2 --configfile <generated>`` on an empty cache directory.
+3. batchfit cold: ``snakemake --cores C --configfile <generated>`` (default settings:
+   ``batch_size: auto``) on an empty cache directory.
 4. batchfit warm: the same again after deleting the results but keeping the cache.
-   For N > 20 also warm with ``batch_size`` N/2 (one fit job per core) beside the default 10,
-   to show what larger batches save.
 
 Also the fixed-cost floor of any Snakemake sweep whose jobs sample with nutpie: Snakemake's
 start-up (a dry run of the finished sweep) plus one process importing pymc and nutpie (median of
-3 each). The warm sweep cannot be faster than floor + sampling, whatever batchfit does.
+3 each), and each batchfit run's per-rule breakdown from Snakemake's ``benchmark:`` files
+(``results_dir/benchmarks/``: wall seconds and peak RSS of every compile, fit, collect and
+status job).
 
 For each: total wall time, median per-dataset wall time, compile seconds, peak RSS of the largest
 process (psutil, polling the process tree). Also: all four posteriors of one dataset agree within
 Monte Carlo error (means within 0.2 posterior sd of naive's). Writes benchmarks/results/sweep.csv,
-benchmarks/results/sweep.png and prints a Markdown table for the README.
+benchmarks/results/sweep-N.png and prints a Markdown table for the README.
+
+``--scaling``: for each N, N tiny datasets (30 rows, 3 groups; 2 chains x 200 + 200 draws), a
+warm ``snakemake --cores C`` sweep (the cache filled by Snakemake's compile job first, unmeasured)
+beside pure sampling (``nutpie.sample`` in one process on up to 100 of them, per dataset). Writes
+benchmarks/results/scaling.csv and scaling.png: per-dataset cost against N, with the peak RSS
+of every fit job and of collect.
 """
 
 from __future__ import annotations
@@ -40,11 +47,26 @@ import json
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-
+sys.path.insert(0, str(HERE))
+from common import (  # noqa: E402
+    MODEL,
+    PY,
+    RESULTS,
+    child_env,
+    example_sampler,
+    fresh_dir,
+    load_average,
+    machine_line,
+    median,
+    mib,
+    run_tracked,
+    simulate,
+)
 
 # ---- what a user writes by hand (children) ----------------------------------------------------
 
@@ -104,7 +126,7 @@ def naive_child(dataset: str, out: str, seed: int, sampler: dict) -> None:
 
     nutpie.compile_pymc_model, nutpie.sample = compile_timed, sample_timed
     model = _build_model_fn()(_load(dataset))
-    idata = pm.sample(draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"], cores=2,
+    idata = pm.sample(draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"],
                       target_accept=sampler["target_accept"], random_seed=seed, nuts_sampler="nutpie",
                       progressbar=False, model=model)
     t_write = time.perf_counter()
@@ -134,7 +156,7 @@ def nutpie_child(datasets: list[str], out_dir: str, seeds: list[int], sampler: d
         else:
             model = compiled[n_groups].with_data(**data.arrays)
         t = time.perf_counter()
-        tree = nutpie.sample(model, draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"], cores=2,
+        tree = nutpie.sample(model, draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"],
                              seed=seed, target_accept=sampler["target_accept"], progress_bar=False)
         sample_s = time.perf_counter() - t
         tree.to_netcdf(str(Path(out_dir) / f"{Path(path).stem}.nc"))
@@ -176,7 +198,9 @@ def agreement(posteriors: dict[str, object], reference: str, tol: float = 0.2) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=20, help="number of datasets (default 20)")
+    parser.add_argument("--n", type=int, nargs="*", default=[20], help="datasets of each side-by-side run (20)")
+    parser.add_argument("--scaling", type=int, nargs="*", default=[], help="N of tiny datasets for the scaling")
+    parser.add_argument("--cores", type=int, default=2, help="cores for every method (2)")
     parser.add_argument("--naive-child", nargs=3, metavar=("DATASET", "OUT", "SEED"), help=argparse.SUPPRESS)
     parser.add_argument("--nutpie-child", nargs=2, metavar=("DATASETS_JSON", "OUT_DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--sampler", help=argparse.SUPPRESS)
@@ -189,39 +213,73 @@ def main() -> None:
         spec = json.loads(Path(args.nutpie_child[0]).read_text())
         nutpie_child(spec["datasets"], args.nutpie_child[1], spec["seeds"], json.loads(args.sampler))
         return
+    rows = [row for n in args.n for row in compare(n, args.cores)]
+    if rows:
+        write_csv(RESULTS / "sweep.csv", rows)
+        print(f"\nwrote {RESULTS / 'sweep.csv'}")
+    if args.scaling:
+        scaling(args.scaling, args.cores)
 
-    sys.path.insert(0, str(HERE))
+
+def phase(name: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {name} (load average {load_average()})", flush=True)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def snakemake_run(config: dict, root: Path, cores: int) -> tuple[Path, list]:
+    """A config file under ``root`` and the ``snakemake --cores`` command that sweeps it."""
     import yaml
-    from common import (
-        MODEL,
-        PY,
-        RESULTS,
-        child_env,
-        example_sampler,
-        fresh_dir,
-        load_average,
-        machine_line,
-        median,
-        mib,
-        run_tracked,
-        simulate,
-    )
 
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path, [Path(PY).parent / "snakemake", "-s", REPO / "Snakefile", "-d", fresh_dir(root / "work"),
+                  "--cores", str(cores), "--configfile", path, "--quiet", "all"]
+
+
+def rule_benchmarks(results_dir: Path) -> dict[str, dict[str, float]]:
+    """Snakemake's ``benchmark:`` files of a sweep, per rule: jobs, summed and largest wall s, peak RSS MiB."""
+    import pandas as pd
+
+    stages: dict[str, dict[str, float]] = {}
+    for path in sorted((results_dir / "benchmarks").rglob("*.tsv")):
+        rule = path.parent.name if path.parent.name != "benchmarks" else path.stem
+        row = pd.read_csv(path, sep="\t").iloc[0]
+        rss = float(row["max_rss"]) if str(row["max_rss"]) not in ("-", "nan") else float("nan")
+        stage = stages.setdefault(rule, {"jobs": 0, "sum_s": 0.0, "max_s": 0.0, "max_rss_mib": 0.0})
+        stage["jobs"] += 1
+        stage["sum_s"] += float(row["s"])
+        stage["max_s"] = max(stage["max_s"], float(row["s"]))
+        stage["max_rss_mib"] = max(stage["max_rss_mib"], rss)
+    return stages
+
+
+def stage_line(stages: dict[str, dict[str, float]]) -> str:
+    return "; ".join(f"{rule}: {v['jobs']:.0f} job(s), {v['sum_s']:.1f} s (longest {v['max_s']:.1f} s), "
+                     f"peak RSS {v['max_rss_mib']:.0f} MiB" for rule, v in stages.items())
+
+
+def compare(n: int, cores: int) -> list[dict]:
+    """The four methods side by side on ``n`` example datasets; rows for sweep.csv."""
+    from batchfit.config import load_config
     from batchfit.fit import dataset_seed
+    from batchfit.pipeline import compile_stamp_path
 
-    root = fresh_dir(RESULTS / "sweep")
+    root = fresh_dir(RESULTS / "sweep" / f"n{n}")
     sampler = example_sampler()
     sampler_json = json.dumps(sampler)
-    data = simulate(args.n, root / "data")
+    data = simulate(n, root / "data")
     seeds = [dataset_seed(sampler["seed"], p.stem) for p in data]
     machine = machine_line()
-    print(f"# sweep: {args.n} datasets; {machine}")
+    print(f"# sweep: {n} datasets, {cores} cores; {machine}")
     check_id = data[0].stem
     results: dict[str, dict] = {}
     fit_of: dict[str, Path] = {}
-
-    def phase(name: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {name} (load average {load_average()})", flush=True)
 
     # 1. naive --------------------------------------------------------------------------------
     naive_pt = root / "naive-pytensor"  # PyTensor compile dir shared by naive and nutpie in-process
@@ -234,16 +292,16 @@ def main() -> None:
     phase("naive: warm-up process (fills PyTensor's numba cache; not measured)")
     warm = naive(data[0], seeds[0], root / "naive" / "warmup.nc")
     print(f"  warm-up: {warm.wall:.1f} s (cold compile {warm.json()['compile_s']:.1f} s)")
-    phase(f"naive: {args.n} processes, one after another")
+    phase(f"naive: {n} processes, {cores} at a time")
     start = time.perf_counter()
-    runs = [naive(p, s, naive_out / f"{p.stem}.nc") for p, s in zip(data, seeds, strict=True)]
+    with ThreadPoolExecutor(max_workers=cores) as pool:
+        runs = list(pool.map(lambda p, s: naive(p, s, naive_out / f"{p.stem}.nc"), data, seeds))
     total = time.perf_counter() - start
     results["naive"] = {
         "total_wall_s": total, "median_dataset_s": median(r.wall for r in runs),
         "compile_s": sum(r.json()["compile_s"] for r in runs),
         "peak_rss_mib": mib(max(r.peak_rss_largest for r in runs)),
-        "median_sample_s": median(r.json()["sample_s"] for r in runs),
-        "note": "1 process per dataset (2 chains on 2 cores), sequential; warm PyTensor cache",
+        "note": f"1 process per dataset, {cores} at a time (as xargs -P {cores}); warm PyTensor cache",
     }
     fit_of["naive"] = naive_out / f"{check_id}.nc"
 
@@ -254,42 +312,28 @@ def main() -> None:
     spec.write_text(json.dumps({"datasets": [str(p) for p in data], "seeds": seeds}))
     r = run_tracked([PY, __file__, "--nutpie-child", str(spec), str(nut_out), "--sampler", sampler_json],
                     env=child_env(naive_pt)).check()
-    rows = r.json()["rows"]
-    pure = [row["sample_s"] for row in rows]
+    nut_rows = r.json()["rows"]
+    pure = [row["sample_s"] for row in nut_rows]
     results["nutpie in-process"] = {
-        "total_wall_s": r.wall, "median_dataset_s": median(row["wall_s"] for row in rows),
-        "compile_s": sum(row["compile_s"] for row in rows), "peak_rss_mib": mib(r.peak_rss_largest),
-        "median_sample_s": median(pure),
-        "note": f"1 process; {len({row['n_groups'] for row in rows})} compiles (one per group count); "
+        "total_wall_s": r.wall, "median_dataset_s": median(row["wall_s"] for row in nut_rows),
+        "compile_s": sum(row["compile_s"] for row in nut_rows), "peak_rss_mib": mib(r.peak_rss_largest),
+        "note": f"1 process; {len({row['n_groups'] for row in nut_rows})} compiles (one per group count); "
                 f"pure nutpie.sample total {sum(pure):.1f} s",
     }
     fit_of["nutpie in-process"] = nut_out / f"{check_id}.nc"
 
-    # 3./4. batchfit via snakemake ---------------------------------------------------------------
+    # 3./4. batchfit via snakemake, default settings ---------------------------------------------
     bf = root / "batchfit"
-    cache, work, res_dir = fresh_dir(bf / "cache"), fresh_dir(bf / "work"), bf / "results"
-    from batchfit.config import load_config
-    from batchfit.pipeline import compile_stamp_path
-
-    def snakemake_cmd(batch_size: int) -> tuple[Path, list]:
-        config_path = bf / f"config-batch{batch_size}.yaml"
-        config_path.write_text(yaml.safe_dump({
-            "model": str(MODEL), "datasets": [str(root / "data" / "*.csv")], "sampler": sampler,
-            "batch_size": batch_size, "cache_dir": str(cache), "results_dir": str(res_dir),
-        }, sort_keys=False))
-        return config_path, [Path(PY).parent / "snakemake", "-s", REPO / "Snakefile", "-d", work, "--cores", "2",
-                             "--configfile", config_path, "--quiet", "all"]
-
-    stamp_path = compile_stamp_path(load_config(snakemake_cmd(10)[0]))
-    runs = [("batchfit cold", 10, "empty cache"), ("batchfit warm", 10, "results deleted, cache kept")]
-    half = -(-args.n // 2)
-    if half > 10:  # not one of the four methods: how much a larger batch_size saves (one job per core)
-        runs.append((f"batchfit warm, batch_size {half}", half, "results deleted, cache kept"))
-    for label, batch_size, state in runs:
+    cache, res_dir = fresh_dir(bf / "cache"), bf / "results"
+    config_path, cmd = snakemake_run({"model": str(MODEL), "datasets": [str(root / "data" / "*.csv")],
+                                      "sampler": sampler, "cache_dir": str(cache), "results_dir": str(res_dir)},
+                                     bf, cores)
+    stamp_path = compile_stamp_path(load_config(config_path))
+    stages_of = {}
+    for label, state in (("batchfit cold", "empty cache"), ("batchfit warm", "results deleted, cache kept")):
         shutil.rmtree(res_dir, ignore_errors=True)
-        phase(f"{label}: snakemake --cores 2 ({state})")
+        phase(f"{label}: snakemake --cores {cores} ({state})")
         before = stamp_path.stat().st_mtime_ns if stamp_path.exists() else None
-        _, cmd = snakemake_cmd(batch_size)
         r = run_tracked(cmd, env=child_env(), cwd=REPO).check()
         stamp = json.loads(stamp_path.read_text())
         if stamp_path.stat().st_mtime_ns == before:  # the cache was filled: no compile job ran
@@ -297,17 +341,16 @@ def main() -> None:
         manifests = [json.loads(p.read_text()) for p in sorted((res_dir / "batches").glob("*.json"))]
         per = [o["seconds"] for m in manifests for o in m["datasets"].values()]
         failed = [d for m in manifests for d, o in m["datasets"].items() if o["status"] != "ok"]
-        if failed or len(per) != args.n:
+        if failed or len(per) != n:
             raise SystemExit(f"{label}: {len(per)} datasets fitted, failed: {failed}")
-        loads = [float(m["compile"].split("ready in ")[1].split(" s")[0]) for m in manifests]
-        compile_s = stamp["compile_seconds"] if not stamp["hit"] else 0.0
+        stages_of[label] = rule_benchmarks(res_dir)
         results[label] = {
-            "total_wall_s": r.wall, "median_dataset_s": median(per), "compile_s": compile_s,
-            "peak_rss_mib": mib(r.peak_rss_largest), "median_sample_s": float("nan"),
-            "note": f"{len(manifests)} fit jobs of <={batch_size} datasets; {stamp['line']}; "
-                    f"cache loads in fit jobs {sum(loads):.2f} s",
+            "total_wall_s": r.wall, "median_dataset_s": median(per),
+            "compile_s": stamp["compile_seconds"] if not stamp["hit"] else 0.0,
+            "peak_rss_mib": mib(r.peak_rss_largest),
+            "note": f"{len(manifests)} fit jobs (batch_size auto); {stamp['line']}",
         }
-        keep = bf / f"{label.replace(' ', '_').replace(',', '')}-{check_id}.nc"
+        keep = bf / f"{label.replace(' ', '_')}-{check_id}.nc"
         shutil.copy(res_dir / "fits" / f"{check_id}.nc", keep)
         fit_of[label] = keep
 
@@ -330,26 +373,14 @@ def main() -> None:
     identical = all(np.array_equal(cold_p[v].values, warm_p[v].values) for v in cold_p.data_vars)
 
     pure_total = sum(pure)
-    warm_r = results["batchfit warm"]
+    warm_r, cold_r = results["batchfit warm"], results["batchfit cold"]
     naive_ratio = results["naive"]["total_wall_s"] / warm_r["total_wall_s"]
     pure_ratio = warm_r["total_wall_s"] / pure_total
-    pure_ratio_median = warm_r["median_dataset_s"] / median(pure)
+    cold_ratio = cold_r["total_wall_s"] / warm_r["total_wall_s"]
+    plot(results, pure_total, median(pure), RESULTS / f"sweep-{n}.png", n, machine)
 
-    with open(RESULTS / "sweep.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["method", "n_datasets", "total_wall_s", "median_dataset_s", "compile_s", "peak_rss_mib",
-                         "note", "date_machine"])
-        for method, row in results.items():
-            writer.writerow([method, args.n, f"{row['total_wall_s']:.2f}", f"{row['median_dataset_s']:.3f}",
-                             f"{row['compile_s']:.2f}", f"{row['peak_rss_mib']:.0f}", row["note"], machine])
-        for part, seconds in floor.items():
-            writer.writerow([f"floor: {part}", args.n, f"{seconds:.2f}", "", "", "", "median of 3", machine])
-        writer.writerow(["pure nutpie.sample (in-process)", args.n, f"{pure_total:.2f}", f"{median(pure):.3f}",
-                         "0", "", "sum / median of the nutpie.sample calls of method 2", machine])
-    plot(results, pure_total, median(pure), RESULTS / "sweep.png", args.n, machine)
-
-    print(f"\n### Sweep of {args.n} example datasets (2 chains x 1000 tune + 1000 draws)\n")
-    print(f"{machine}\n")
+    print(f"\n### Sweep of {n} example datasets (2 chains x 1000 tune + 1000 draws, --cores {cores})\n")
+    print(f"{machine}; load average {load_average()}\n")
     print("| method | total wall (s) | median per dataset (s) | compile (s) | peak RSS, largest process (MiB) |")
     print("|---|---:|---:|---:|---:|")
     for method, row in results.items():
@@ -359,25 +390,122 @@ def main() -> None:
     print()
     for method, row in results.items():
         print(f"- {method}: {row['note']}")
+    for label, stages in stages_of.items():
+        print(f"- {label} per rule (Snakemake benchmark:): {stage_line(stages)}")
+
     def goal(met: bool) -> str:
         return "met" if met else "NOT met"
 
     print(f"\nnaive / batchfit warm (total wall): {naive_ratio:.1f}x (goal >= 10: {goal(naive_ratio >= 10)})")
-    print(f"batchfit warm / pure sampling (total wall / sum of nutpie.sample): {pure_ratio:.1f} "
-          f"(goal <= 3: {goal(pure_ratio <= 3)}); per-dataset medians: {pure_ratio_median:.2f}")
-    for method, row in results.items():
-        if method.startswith("batchfit warm, "):
-            print(f"{method} / pure sampling: {row['total_wall_s'] / pure_total:.1f}")
+    print(f"batchfit warm / pure sampling (total wall / sum of nutpie.sample): {pure_ratio:.2f}")
+    print(f"batchfit cold / warm: {cold_ratio:.2f} (goal <= 2: {goal(cold_ratio <= 2)})")
     floor_total = sum(floor.values())
     print(f"fixed-cost floor: {' + '.join(f'{k} {v:.2f} s' for k, v in floor.items())} = {floor_total:.2f} s; "
-          f"floor + pure sampling = {(floor_total + pure_total) / pure_total:.1f} x pure sampling; "
-          f"batchfit warm above floor + pure sampling: {warm_r['total_wall_s'] - floor_total - pure_total:.1f} s")
+          f"floor + pure sampling / {cores} cores = "
+          f"{(floor_total + pure_total / cores) / pure_total:.2f} x pure sampling")
     print(f"\nposterior check on {check_id} (reference: naive):")
     for line in lines:
         print(f"  {line}")
     print(f"  all agree within Monte Carlo error: {'yes' if ok else 'NO'}; "
           f"batchfit cold and warm draws identical: {'yes' if identical else 'NO'}")
-    print(f"\nwrote {RESULTS / 'sweep.csv'} and {RESULTS / 'sweep.png'}")
+    rows = [{"method": method, "n_datasets": n, "cores": cores, "total_wall_s": f"{row['total_wall_s']:.2f}",
+             "median_dataset_s": f"{row['median_dataset_s']:.3f}", "compile_s": f"{row['compile_s']:.2f}",
+             "peak_rss_mib": f"{row['peak_rss_mib']:.0f}", "note": row["note"], "date_machine": machine}
+            for method, row in results.items()]
+    rows += [{"method": f"floor: {part}", "n_datasets": n, "cores": cores, "total_wall_s": f"{seconds:.2f}",
+              "median_dataset_s": "", "compile_s": "", "peak_rss_mib": "", "note": "median of 3",
+              "date_machine": machine} for part, seconds in floor.items()]
+    rows.append({"method": "pure nutpie.sample (in-process)", "n_datasets": n, "cores": cores,
+                 "total_wall_s": f"{pure_total:.2f}", "median_dataset_s": f"{median(pure):.3f}", "compile_s": "0",
+                 "peak_rss_mib": "", "note": "sum / median of the nutpie.sample calls of method 2",
+                 "date_machine": machine})
+    return rows
+
+
+def write_tiny(n: int, out_dir: Path) -> list[Path]:
+    """``n`` tiny datasets of the example model's shape: 30 rows, 3 groups."""
+    import numpy as np
+    import pandas as pd
+
+    fresh_dir(out_dir)
+    paths = []
+    for i in range(n):
+        rng = np.random.default_rng([2026, i])
+        idx = np.arange(30) % 3
+        x = rng.normal(size=30)
+        y = rng.normal(1.0, 0.8, size=3)[idx] + 0.7 * x + rng.normal(0.0, 0.5, size=30)
+        paths.append(out_dir / f"tiny_{i:05d}.csv")
+        pd.DataFrame({"group": np.array(["g00", "g01", "g02"])[idx], "x": x.round(4), "y": y.round(4)}).to_csv(
+            paths[-1], index=False)
+    return paths
+
+
+def scaling(ns: list[int], cores: int) -> None:
+    """Warm batchfit sweeps of tiny datasets at each N beside pure sampling: scaling.csv and scaling.png."""
+    from batchfit.config import load_config
+    from batchfit.fit import dataset_seed
+    from batchfit.pipeline import compile_stamp_path
+
+    root = fresh_dir(RESULTS / "scaling")
+    sampler = {**example_sampler(), "draws": 200, "tune": 200}
+    cache = fresh_dir(root / "cache")
+    machine = machine_line()
+    rows = []
+    for n in sorted(ns):
+        data = write_tiny(n, root / f"n{n}" / "data")
+        res_dir = root / f"n{n}" / "results"
+        config = {"model": str(MODEL), "datasets": [str(data[0].parent / "*.csv")], "sampler": sampler,
+                  "cache_dir": str(cache), "results_dir": str(res_dir)}
+        config_path, cmd = snakemake_run(config, root / f"n{n}", cores)
+        phase(f"scaling N={n}: fill the cache (snakemake's compile job, not measured)")
+        stamp = compile_stamp_path(load_config(config_path))  # the compile rule's output: then warm skips it
+        run_tracked([*cmd[:-1], stamp], env=child_env(), cwd=REPO).check()
+        shutil.rmtree(res_dir, ignore_errors=True)
+        phase(f"scaling N={n}: pure sampling of {min(n, 100)} datasets in one process")
+        spec = root / f"n{n}" / "pure.json"
+        spec.write_text(json.dumps({"datasets": [str(p) for p in data[:100]],
+                                    "seeds": [dataset_seed(sampler["seed"], p.stem) for p in data[:100]]}))
+        pure = run_tracked([PY, __file__, "--nutpie-child", str(spec), str(fresh_dir(root / f"n{n}" / "pure")),
+                            "--sampler", json.dumps(sampler)], env=child_env(cache / "pytensor")).check()
+        pure_per = median(row["sample_s"] for row in pure.json()["rows"])
+        phase(f"scaling N={n}: warm snakemake --cores {cores}")
+        r = run_tracked(cmd, env=child_env(), cwd=REPO).check()
+        stages = rule_benchmarks(res_dir)
+        row = {"n_datasets": n, "cores": cores, "total_wall_s": round(r.wall, 2),
+               "per_dataset_s": round(r.wall / n, 4), "pure_per_dataset_s": round(pure_per, 4),
+               "ratio_to_pure_over_cores": round(r.wall / (n * pure_per / cores), 2),
+               "fit_jobs": stages.get("fit", {}).get("jobs", 0),
+               "peak_rss_fit_job_mib": round(mib(r.peak_of("fit.py"))),
+               "peak_rss_collect_mib": round(mib(r.peak_of("collect.py"))),
+               "collect_s": round(stages.get("collect", {}).get("sum_s", float("nan")), 2),
+               "load_average": load_average(), "date_machine": machine}
+        print("  " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "date_machine"), flush=True)
+        rows.append(row)
+    write_csv(RESULTS / "scaling.csv", rows)
+    plot_scaling(rows, RESULTS / "scaling.png", machine)
+    print(f"wrote {RESULTS / 'scaling.csv'} and {RESULTS / 'scaling.png'}")
+
+
+def plot_scaling(rows: list[dict], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = [row["n_datasets"] for row in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    axes[0].plot(ns, [row["per_dataset_s"] for row in rows], "o-", label="batchfit warm sweep (wall / N)")
+    axes[0].plot(ns, [row["pure_per_dataset_s"] / row["cores"] for row in rows], "s--",
+                 label="pure nutpie.sample / cores")
+    axes[0].set(xscale="log", xlabel="datasets N", ylabel="seconds per dataset", title="per-dataset cost")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(ns, [row["peak_rss_fit_job_mib"] for row in rows], "o-", label="largest fit job")
+    axes[1].plot(ns, [row["peak_rss_collect_mib"] for row in rows], "s-", label="collect")
+    axes[1].set(xscale="log", xlabel="datasets N", ylabel="peak RSS (MiB)", title="memory")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"tiny datasets (30 rows, 2 chains x 200 + 200); {machine}", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def plot(results: dict, pure_total: float, pure_median: float, path: Path, n: int, machine: str) -> None:

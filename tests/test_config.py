@@ -71,7 +71,7 @@ def test_minimal_config_gets_every_default() -> None:
         model=Path("models/m.py"),
         datasets=("data/*.csv",),
         sampler=SamplerSettings(draws=1000, tune=1000, chains=4, target_accept=0.8, seed=2026),
-        batch_size=10,
+        batch_size="auto",
         cache_dir=Path(".batchfit-cache"),
         results_dir=Path("results"),
         on_error="continue",

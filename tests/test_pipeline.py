@@ -130,3 +130,27 @@ def test_finishing_a_batch_never_changes_another(tmp_path):
         record(config, dataset_id, expected_provenance(config, dataset_id, tmp_path / "data" / f"{dataset_id}.csv"))
     second = plan(config).batches
     assert second == {name: members for name, members in first.items() if name != done_name}
+
+
+@pytest.mark.parametrize(("batch_size", "cores"), [("auto", 2), ("auto", 16), ("auto", None), (3, 2), (3, None)])
+def test_batches_cover_every_dataset_once_and_auto_sizes_them_for_the_executor(tmp_path, batch_size, cores):
+    """`batch_size: auto`: on one machine at most one batch per core, each of several datasets; on a
+    cluster (cores None) batches of at least 20; an explicit size wins. Planned twice, the same."""
+    from batchfit.config import config_from_dict
+    from batchfit.pipeline import plan
+
+    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 45, prefix="shop")
+    config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
+                               "datasets": [str(tmp_path / "data" / "*.csv")], "batch_size": batch_size,
+                               "results_dir": str(tmp_path / "results")})
+    batches = plan(config, cores).batches
+    assert [d for members in batches.values() for d in members] == [f"shop_{i:03d}" for i in range(45)]
+    sizes = [len(members) for members in batches.values()]
+    if batch_size != "auto":
+        assert sizes[:-1] == [batch_size] * (len(sizes) - 1)
+    elif cores is None:
+        assert min(sizes[:-1]) >= 20 and len(sizes) > 1
+    else:
+        assert len(sizes) <= cores and min(sizes[:-1]) >= 4
+        assert len(sizes) == cores or 45 < 4 * cores  # every core gets a batch when there are enough
+    assert plan(config, cores).batches == batches

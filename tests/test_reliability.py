@@ -113,7 +113,7 @@ def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
 
 CONFIG_ERRORS = [
     pytest.param({"sampeler": {"draws": 10}}, "sampeler", "did you mean 'sampler'", id="unknown-key"),
-    pytest.param({"batch_size": "two"}, "batch_size", "must be an integer, got 'two'", id="wrong-type"),
+    pytest.param({"batch_size": "two"}, "batch_size", "must be an integer or 'auto', got 'two'", id="wrong-type"),
     pytest.param({"batch_size": 0}, "batch_size", "must be >= 1, got 0", id="zero-batch-size"),
     pytest.param({"sampler": {"draws": -5}}, "sampler.draws", "must be >= 1, got -5", id="negative-draws"),
     pytest.param({"sampler": {"chains": 0}}, "sampler.chains", "must be >= 1, got 0", id="zero-chains"),
@@ -767,7 +767,8 @@ def test_fuzzed_configs_give_config_errors_or_a_config(changes, top) -> None:
         assert "\n" not in message.replace(exc.key or "", "")  # one line, but for a key with a newline
         return
     assert isinstance(config, Config)
-    assert config.sampler.draws >= 1 and config.batch_size >= 1 and config.model == Path("m.py")
+    assert config.sampler.draws >= 1 and config.model == Path("m.py")
+    assert config.batch_size == "auto" or config.batch_size >= 1
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

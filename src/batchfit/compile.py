@@ -20,6 +20,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,7 +82,9 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     Also runs the per-process functions and the optional ``outputs`` once, so that what the fit
     stage compiles through PyTensor lands in PyTensor's numba cache too.
     """
+    clock = _StageClock(key)
     spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    clock.stage("log density, gradient and expansion functions")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind, fn in (("logp", logp_fn), ("expand", expand_fn)):
@@ -91,9 +94,25 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
                     f"numba could not cache the {kind} callback; the model uses an operation that "
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
+    clock.stage("nutpie callbacks (numba, cached)")
     SamplerFunctions(model).shapes()
+    clock.stage("per-process functions (initial point, shapes)")
     warm_extras(model, outputs)
+    clock.stage("optional outputs")
     return {"spec": spec.to_json()}
+
+
+class _StageClock:
+    """Logs how long each stage of a compile took: where a cold sweep's time goes."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.last = time.perf_counter()
+
+    def stage(self, name: str) -> None:
+        now = time.perf_counter()
+        log.info("compile %s: %s in %.1f s", self.key[:12], name, now - self.last)
+        self.last = now
 
 
 def load_callbacks(cache: CacheDir, key: str, entry: dict[str, Any]) -> tuple[WrapperSpec, Any, Any]:

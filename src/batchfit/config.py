@@ -28,6 +28,7 @@ import yaml
 from batchfit.errors import ConfigError
 
 DICT_SOURCE = "<dict>"
+AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.pipeline.batch_size`)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class Config:
     model: Path
     datasets: tuple[str, ...]
     sampler: SamplerSettings
-    batch_size: int
+    batch_size: int | str  # a number of datasets, or AUTO (see `batchfit.pipeline.batch_size`)
     cache_dir: Path
     results_dir: Path
     on_error: str
@@ -388,7 +389,7 @@ def _build(d: dict[str, Any], source: str) -> Config:
             target_accept=float(s["target_accept"]),
             seed=int(s["seed"]),
         ),
-        batch_size=int(d["batch_size"]),
+        batch_size=d["batch_size"] if d["batch_size"] == AUTO else int(d["batch_size"]),
         cache_dir=Path(d["cache_dir"]),
         results_dir=Path(d["results_dir"]),
         on_error=d["on_error"],
@@ -478,6 +479,10 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
         yield key, f"must be {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_describe(value)}"
     elif kind in _BOUNDS:
         yield key, f"must be {_BOUNDS[kind]} {expected}, got {_describe(value)}"
+    elif kind == "pattern":  # a word some number settings take instead of a number: batch_size 'auto'
+        numbers = [_TYPE_NAMES[n] for n in error.schema.get("type", []) if n != "string"]
+        word = repr(expected.strip("^$"))
+        yield key, f"must be {' or '.join([*numbers, word])}, got {_describe(value)}"
     elif kind == "enum":
         allowed = ", ".join("null" if v is None else repr(v) for v in expected)
         yield key, f"must be one of {allowed}, got {_describe(value)}"

@@ -13,7 +13,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,31 @@ class BatchReport:
         return sum(o.status == "failed" for o in self.outcomes)
 
 
+@dataclass
+class Sampling:
+    """One dataset's sample: its seed, nutpie sampler model and, once started, nutpie's background sampler."""
+
+    seed: int
+    model: Any = None
+    sampler: Any = None
+    error: Exception | None = None  # what stopped the sampler model being built or started
+
+    @property
+    def finished(self) -> bool:
+        """Whether `Fitter.result` would return without waiting for the chains."""
+        if self.sampler is None:
+            return True
+        try:
+            return self.sampler.is_finished
+        except TimeoutError:  # nutpie 0.16 raises this, instead of returning False, while chains run
+            return False
+
+    def cancel(self) -> None:
+        """Stop the chains of a sample whose result is no longer wanted."""
+        if not self.finished:
+            self.sampler.cancel()
+
+
 class Fitter:
     """Fits datasets of one model file: one compile per structure, then only sampling."""
 
@@ -164,18 +190,40 @@ class Fitter:
         return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
                                   self.ref.coding.for_dataset(dataset_id))
 
-    def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
+    def sampling(self, model: Any, dataset: Dataset, structure: Structure) -> Sampling:
+        """Everything a dataset's sample needs but the threads: its seed and nutpie sampler model.
+
+        An error building the sampler model is kept for `result`, which then tries nutpie's own compile.
+        """
+        sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
+        try:
+            sampling.model = structure.sampler_model(model)
+        except Exception as exc:  # noqa: BLE001 - `result` retries it or reports it with the dataset
+            sampling.error = exc
+        return sampling
+
+    def start(self, sampling: Sampling, *, threads: int) -> None:
+        """Start sampling in nutpie's own threads (outside the GIL) and return at once."""
+        if sampling.error is not None:
+            return
+        try:
+            sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
+        except Exception as exc:  # noqa: BLE001 - as in `sampling`
+            sampling.error = exc
+
+    def result(self, sampling: Sampling, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
                provenance: Provenance) -> Any:
-        """Sample one dataset's posterior with its structure's compiled model; return its DataTree.
+        """Wait for a started sample and return the dataset's DataTree.
 
         If batchfit's cached path fails on the dataset, it is sampled again through nutpie's own
         compile, which is what ``pm.sample(nuts_sampler="nutpie")`` runs: a dataset only fails
         when pm.sample would fail on it too, and its error says so.
         """
-        seed = dataset_seed(self.config.sampler.seed, dataset.id)
-        path = structure.path
+        seed, path = sampling.seed, structure.path
         try:
-            tree = self._nutpie_sample(structure.sampler_model(model), seed, threads)
+            if sampling.error is not None:
+                raise sampling.error
+            tree = sampling.sampler.wait()
         except Exception as first:
             if path != CACHED:
                 raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) through nutpie's "
@@ -193,16 +241,24 @@ class Fitter:
                 ) from second
         return self.finish(tree, model, dataset, structure, seed, provenance, path)
 
-    def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int) -> Any:
+    def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
+               provenance: Provenance) -> Any:
+        """Sample one dataset's posterior and wait for it (`sampling`, `start`, `result`); return its DataTree."""
+        sampling = self.sampling(model, dataset, structure)
+        self.start(sampling, threads=threads)
+        return self.result(sampling, model, dataset, structure, threads=threads, provenance=provenance)
+
+    def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int, *, blocking: bool = True) -> Any:
+        """nutpie's sample, or with ``blocking=False`` its background sampler (``wait()`` gives the trace)."""
         import nutpie
 
         s = self.config.sampler
         try:
             return nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
                                  cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-                                 progress_bar=False, save_warmup=False)
+                                 progress_bar=False, save_warmup=False, blocking=blocking)
         except Exception:
-            if not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
+            if blocking and not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
                 log.warning("nutpie's chain threads did not end within a minute after a failed sample")
             raise
 
@@ -214,7 +270,8 @@ class Fitter:
         observed, constant = observed_and_constant_data(model)
         groups = {"observed_data": _dataset(observed, model, dataset),
                   "constant_data": _dataset(constant, model, dataset)}
-        groups.update(structure.extras.compute(model, tree, seed))  # before dropping: extras may read any variable
+        with structure.loaded(model):  # the extras read the template; other datasets are sampling meanwhile
+            groups.update(structure.extras.compute(model, tree, seed))  # before dropping: they may read any variable
         groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
@@ -302,54 +359,168 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     report = BatchReport(batch_id, fitter.compile_line)
+    progress = Progress(len(dataset_ids))
     try:
-        for dataset_id in dataset_ids:
-            outcome = fit_one(fitter, dataset_id, paths, threads=threads)
+        for outcome in fit_datasets(fitter, dataset_ids, paths, threads=threads):
             report.outcomes.append(outcome)
-            log.info("%s: %s in %.2f s%s", dataset_id, outcome.status, outcome.seconds,
+            log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
                      f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
+            progress.done_one()
             if outcome.status == "failed" and config.on_error == "stop":
-                raise BatchfitError(f"dataset '{dataset_id}' failed at {outcome.stage}: {outcome.message}")
+                raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
     finally:
         write_manifest(config, report)
+        if not wait_for_sampler_threads():  # a failed sample's threads may still be ending (see its docstring)
+            log.warning("nutpie's chain threads did not end within a minute after the batch")
     return report
 
 
-def fit_one(fitter: Fitter, dataset_id: str, paths: dict[str, Path], *, threads: int) -> Outcome:
-    """Fit one dataset, turning any failure into a recorded Outcome."""
-    config = fitter.config
-    start = time.perf_counter()
-    stage = "load"
+# How often the main thread looks whether a sample has finished: short against any sample (the
+# tiniest take ~20 ms) and long enough to leave the cores to the chains.
+_POLL_SECONDS = 0.002
+
+
+@dataclass
+class DatasetFit:
+    """One dataset on its way through a batch: what is known of it so far, and the stage it is at."""
+
+    id: str
+    path: Path | None
+    started: float = field(default_factory=time.perf_counter)
+    stage: str = "load"
+    provenance: Provenance | None = None
+    dataset: Dataset | None = None
+    model: Any = None
+    structure: Structure | None = None
+    sampling: Sampling | None = None
+
+
+def fit_datasets(fitter: Fitter, dataset_ids: Sequence[str], paths: dict[str, Path], *,
+                 threads: int) -> Iterator[Outcome]:
+    """Fit ``dataset_ids``, overlapping this thread's work with sampling; yield their outcomes in order.
+
+    nutpie samples in its own threads, outside the GIL. So while datasets sample, this thread
+    prepares the next one (load, check, build, sampler model) and finishes those done (optional
+    outputs, writing). ``threads`` beyond the chains sample several datasets at once, ``chains``
+    threads each (``threads // chains`` of them). A dataset's draws depend only on its data and
+    seed, never on what samples beside it, and a failure stays that dataset's. Outcomes come in
+    the batch's order (a later dataset may be written first), so ``on_error: stop`` stops where a
+    sequential fit would.
+    """
+    chains = fitter.config.sampler.chains
+    lanes = max(1, threads // chains)
+    per_sample = max(1, threads // lanes)
+    waiting = deque(enumerate(dataset_ids))
+    running: list[tuple[int, DatasetFit]] = []
+    ready: tuple[int, DatasetFit] | None = None  # the next dataset, prepared while the others sample
+    outcomes: dict[int, Outcome] = {}  # by position: yielded in the batch's order, as a sequential fit would
+    yielded = 0
+    try:
+        while waiting or running or ready is not None:
+            if ready is None and waiting:
+                index, dataset_id = waiting.popleft()
+                prepared = _prepare(fitter, dataset_id, paths)
+                if isinstance(prepared, Outcome):
+                    outcomes[index] = prepared
+                else:
+                    ready = index, prepared
+            elif ready is not None and len(running) < lanes:
+                fitter.start(ready[1].sampling, threads=per_sample)
+                running.append(ready)
+                ready = None
+            else:
+                done = [job for job in running if job[1].sampling.finished]
+                if not done:
+                    time.sleep(_POLL_SECONDS)
+                    continue
+                running = [job for job in running if job not in done]
+                if ready is not None:  # fill the freed lane before finishing, which takes this thread a while
+                    fitter.start(ready[1].sampling, threads=per_sample)
+                    running.append(ready)
+                    ready = None
+                outcomes.update((index, _complete(fitter, job, threads=per_sample)) for index, job in done)
+            while yielded in outcomes:
+                yield outcomes.pop(yielded)
+                yielded += 1
+    finally:  # only reached with samples running when the caller stops (on_error: stop, or an interrupt)
+        for _, job in running:
+            job.sampling.cancel()
+
+
+def _prepare(fitter: Fitter, dataset_id: str, paths: dict[str, Path]) -> DatasetFit | Outcome:
+    """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
+    job = DatasetFit(dataset_id, paths.get(dataset_id))
     try:
         if dataset_id not in paths:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
-        provenance = fitter.provenance(dataset_id, paths[dataset_id])
-        dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
-        stage = "build"
-        model = fitter.build(dataset)
-        stage = "compile"
-        structure = fitter.structure(model, dataset)
-        stage = "sample"
-        tree = fitter.sample(model, dataset, structure, threads=threads, provenance=provenance)
-        stage = "write"
+        job.provenance = fitter.provenance(dataset_id, paths[dataset_id])
+        job.dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
+        job.stage = "build"
+        job.model = fitter.build(job.dataset)
+        job.stage = "compile"
+        job.structure = fitter.structure(job.model, job.dataset)
+        job.stage = "sample"
+        job.sampling = fitter.sampling(job.model, job.dataset, job.structure)
+    except Exception as exc:  # noqa: BLE001 - isolate the dataset; the failure record says what to fix
+        return _failed(fitter.config, job, exc)
+    return job
+
+
+def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
+    """Take a started dataset's sample, add its outputs and write its fit; a failure becomes its Outcome."""
+    config = fitter.config
+    try:
+        tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
+                             provenance=job.provenance)
+        job.stage = "write"
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
-        sidecar_path(config, dataset_id).unlink(missing_ok=True)
-        write_fit(tree, config.fit_path(dataset_id))
-        record(config, dataset_id, provenance)
-    except Exception as exc:  # isolate the dataset; the failure record says what to fix
-        message = one_line(exc)
-        if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
-            message = (f"{stage} failed for dataset '{dataset_id}' (file {paths.get(dataset_id)}): "
-                       f"{message}{hint(message)}")
-        outcome = Outcome(dataset_id, "failed", time.perf_counter() - start, stage,
-                          type(exc).__name__, message)
-        record_failure(config, outcome, paths.get(dataset_id))
-        config.fit_path(dataset_id).unlink(missing_ok=True)  # a fit from an older run is stale now
-        sidecar_path(config, dataset_id).unlink(missing_ok=True)
-        return outcome
-    config.failure_path(dataset_id).unlink(missing_ok=True)
-    return Outcome(dataset_id, "ok", time.perf_counter() - start)
+        sidecar_path(config, job.id).unlink(missing_ok=True)
+        write_fit(tree, config.fit_path(job.id))
+        record(config, job.id, job.provenance)
+    except Exception as exc:  # noqa: BLE001 - as in `_prepare`
+        return _failed(config, job, exc)
+    config.failure_path(job.id).unlink(missing_ok=True)
+    return Outcome(job.id, "ok", time.perf_counter() - job.started)
+
+
+def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
+    """Record a dataset's failure (and drop its stale fit); the Outcome names the stage and the fix."""
+    message = one_line(exc)
+    if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
+        message = (f"{job.stage} failed for dataset '{job.id}' (file {job.path}): "
+                   f"{message}{hint(message)}")
+    outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message)
+    record_failure(config, outcome, job.path)
+    config.fit_path(job.id).unlink(missing_ok=True)  # a fit from an older run is stale now
+    sidecar_path(config, job.id).unlink(missing_ok=True)
+    return outcome
+
+
+class Progress:
+    """Logs ``progress: D/T datasets, R/s, ETA S s`` every ``seconds`` or every tenth of the batch.
+
+    One line a dataset would drown a long batch's log; one at the end says nothing while it runs.
+    """
+
+    def __init__(self, total: int, *, seconds: float = 10.0):
+        self.total = total
+        self.done = 0
+        self.seconds = seconds
+        self.every = max(1, total // 10)
+        self.start = self.last = time.perf_counter()
+        self.last_done = 0
+
+    def done_one(self) -> None:
+        """Count a finished dataset (fitted or failed); log when the interval is up or the batch is done."""
+        self.done += 1
+        now = time.perf_counter()
+        if self.done < self.total and now - self.last < self.seconds and self.done - self.last_done < self.every:
+            return
+        rate = self.done / max(now - self.start, 1e-9)
+        log.info("progress: %d/%d datasets, %.2f/s, ETA %.0f s", self.done, self.total, rate,
+                 (self.total - self.done) / rate)
+        self.last, self.last_done = now, self.done
 
 
 def hint(message: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.atomic import atomic_path
-from batchfit.config import Config, check_model_file, config_from_dict
+from batchfit.config import AUTO, Config, check_model_file, config_from_dict
 from batchfit.cputarget import apply_cpu_target
 from batchfit.data import discover_datasets
 from batchfit.errors import BatchfitError
@@ -57,26 +57,51 @@ def is_pending(config: Config, dataset_id: str, expected_digest: str) -> bool:
     return recorded_digest(config, dataset_id) != expected_digest
 
 
-def plan(config: Config) -> Plan:
-    """Cut all datasets, in id order, into chunks of ``batch_size``; batch each chunk's pending ones.
+def plan(config: Config, cores: int | None = 1) -> Plan:
+    """Cut all datasets, in id order, into chunks of `batch_size`; batch each chunk's pending ones.
 
     Only pending datasets are fitted, so adding a dataset to a finished sweep fits just that one,
     and a re-run retries just the datasets that failed or whose provenance changed. Chunks are
     cut from *all* datasets, not from the pending ones, so that finishing one batch never
     changes another. (A batch that ran and failed does change it: jobs therefore read the plan
     their sweep recorded, see `sweep_plan`.) Cheap enough for every parse: no model is built
-    (see `batchfit.provenance` for the costs).
+    (see `batchfit.provenance` for the costs). ``cores``: as for `batch_size`.
     """
     datasets = discover_datasets(config)
     expected = expected_digests(config, datasets)
     ids = list(datasets)
-    size = config.batch_size
+    size = batch_size(config, len(ids), cores)
     batches = {}
     for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
         pending = [d for d in chunk if is_pending(config, d, expected[d])]
         if pending:
             batches[untried_batch_id(config, pending, [expected[d] for d in pending])] = pending
     return Plan(datasets, batches)
+
+
+# `batch_size: auto`. Every fit job first pays a fixed start (~2.3 s of imports and cache load on a
+# laptop, more on a cluster's shared filesystem, plus the queue's wait there).
+_LOCAL_MIN_BATCH = 4  # below this, a job's start costs more than running the datasets in fewer jobs
+_CLUSTER_JOBS = 100  # enough jobs to spread over a cluster's nodes ...
+_CLUSTER_MIN_BATCH = 20  # ... each long enough to pay for its start and queueing ...
+_CLUSTER_MAX_BATCH = 500  # ... and short enough that a job killed and retried refits little
+
+
+def batch_size(config: Config, n_datasets: int, cores: int | None) -> int:
+    """Datasets per fit job: the config's ``batch_size``, or for ``auto`` one chosen from the sweep.
+
+    On one machine (``cores`` its cores for the sweep) about one batch per core: the jobs' starts
+    run side by side and then every core samples (`fit_threads`; a job with more threads than
+    chains samples several datasets at once). On a cluster (``cores`` None) about 100 jobs of 20
+    to 500 datasets. Depends only on the config, the number of datasets and ``cores``, so every
+    process planning the same sweep cuts the same batches.
+    """
+    if config.batch_size != AUTO:
+        return int(config.batch_size)
+    if cores is None:
+        return min(_CLUSTER_MAX_BATCH, max(_CLUSTER_MIN_BATCH, math.ceil(n_datasets / _CLUSTER_JOBS)))
+    jobs = max(1, min(cores, n_datasets // _LOCAL_MIN_BATCH))
+    return max(1, math.ceil(n_datasets / jobs))
 
 
 def untried_batch_id(config: Config, dataset_ids: Sequence[str], digests: Sequence[str]) -> str:
@@ -103,18 +128,18 @@ def write_plan(config: Config, sweep: Plan) -> None:
                                    "batches": sweep.batches})
 
 
-def sweep_plan(config: Config, *, job: bool) -> Plan:
+def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
     """The plan of a sweep: computed by its main process, read back by its jobs.
 
     A job (a cluster job, or any Snakemake run of given ``--target-jobs``) re-parses the
     Snakefile after other jobs have changed what is pending: a failed dataset is pending again,
     a killed batch is half done. Computing the plan there would cut other batches than the ones
     the main process scheduled, and ``collect`` would wait for manifests never written. So a
-    job uses the recorded plan (`write_plan`) when there is one.
+    job uses the recorded plan (`write_plan`) when there is one. ``cores``: as for `batch_size`.
     """
     path = plan_path(config)
     if not job or not path.exists():
-        return plan(config)
+        return plan(config, cores)
     try:
         recorded = json.loads(path.read_text())
         return Plan({d: Path(p) for d, p in recorded["datasets"].items()},
@@ -224,13 +249,14 @@ def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
     """Threads per fit job: all cores for one batch; otherwise split cores across parallel jobs.
 
     A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
-    it is better hidden by running jobs side by side than by giving one job every core.
+    it is better hidden by running jobs side by side than by giving one job every core. A job
+    with more threads than chains samples several datasets at once (`batchfit.fit.fit_datasets`).
     ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
     """
     if cores is None:
         return config.sampler.chains
     parallel_jobs = max(1, min(n_batches, cores))
-    return max(1, min(config.sampler.chains, cores // parallel_jobs))
+    return max(1, cores // parallel_jobs)
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

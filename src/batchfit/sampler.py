@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,14 +44,16 @@ class CompiledModel:
         """
         if not self.matches(model):
             raise ModelContractError("the model's structure differs from the compiled one")
-        values = self.functions.load_values(model)
-        free_shapes, remaining_shapes = self.functions.shapes()
-        names = [*self.functions.free_names, *self.functions.remaining_names]
-        shapes = [*free_shapes, *remaining_shapes]
+        with self.functions.loaded(model) as loaded:
+            free_shapes, remaining_shapes = self.functions.shapes()
+            names = [*self.functions.free_names, *self.functions.remaining_names]
+            shapes = [*free_shapes, *remaining_shapes]
+            dims, coords = nutpie_dims_and_coords(model, names, shapes, self.functions)
         sizes = [int(np.prod(s)) for s in shapes]
         ends = np.cumsum([0, *sizes])
         n_dim = int(ends[len(free_shapes)])
         n_expanded = int(ends[-1])
+        values = dict(loaded)
         for name, shape in zip(self.functions.free_names, free_shapes, strict=True):
             values[Slot("shape", name, 1, "int64")] = np.array(shape, dtype=np.int64)
         record = np.zeros(self.spec.record_length(), dtype=np.int64)
@@ -59,13 +62,12 @@ class CompiledModel:
             record[pos] = values[slot].ctypes.data
             record[pos + 1: pos + 1 + slot.ndim] = values[slot].shape
         slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
-        dims, coords = nutpie_dims_and_coords(model, names, shapes, self.functions)
         return nutpie_model(
             dims=dims,
             reparameterized_names=list(self.functions.reparameterized),
             logp=self.logp,
             expand=self.expand,
-            initial_point=self.functions.initial_point(self.functions.free_names),
+            initial_point=self.functions.initial_point(self.functions.free_names, loaded),
             data={slot.name + ":" + slot.kind: v for slot, v in values.items()},
             record=record,
             names=names,
@@ -154,14 +156,30 @@ class SamplerFunctions:
 
         All of them, not only the callbacks' inputs: initial points, shapes and the optional
         outputs read others (a dimension length that sizes a parameter, say). Returns the arrays.
+        Hold `loaded` instead while anything reads the template in a batch that samples.
         """
         values = {}
         for slot in self.slots:
             value = np.asarray(slot_variable(slot, model).get_value(borrow=True), dtype=slot.dtype, order="C")
             value.flags.writeable = False
-            slot_variable(slot, self.template).set_value(value, borrow=True)
             values[slot] = value
+        self._set(values)
         return values
+
+    @contextlib.contextmanager
+    def loaded(self, model: Any) -> Iterator[dict[Slot, np.ndarray]]:
+        """The template holding ``model``'s values, which no other dataset's replace meanwhile.
+
+        Datasets sample while the next ones are prepared and the last ones finished, and nutpie's
+        chain threads evaluate their initial points whenever a chain starts (`initial_point`), all
+        through this one template: each loads its own values under the lock before reading it.
+        """
+        with self._lock:
+            yield self.load_values(model)
+
+    def _set(self, values: dict[Slot, np.ndarray]) -> None:
+        for slot, value in values.items():
+            slot_variable(slot, self.template).set_value(value, borrow=True)
 
     def shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
         """Shapes of the free (transformed) and remaining variables for the loaded values."""
@@ -174,11 +192,16 @@ class SamplerFunctions:
         """Lengths of the dimensions that have no coordinate labels, for the loaded values."""
         return {name: int(n) for name, n in zip(self._unlabelled, self._dim_fn(), strict=True)}
 
-    def initial_point(self, names: Sequence[str]) -> Callable[[Any], np.ndarray]:
-        """nutpie's initial-point callback: a flat float64 vector of jittered start values."""
+    def initial_point(self, names: Sequence[str], values: dict[Slot, np.ndarray]) -> Callable[[Any], np.ndarray]:
+        """nutpie's initial-point callback: a flat float64 vector of jittered start values.
+
+        Called from a chain thread when its chain starts, maybe while other datasets use the
+        template: it loads its own dataset's ``values`` first.
+        """
 
         def flat_point(seed: Any) -> np.ndarray:
             with self._lock:
+                self._set(values)
                 point = self._point_fn(seed)
             return np.concatenate([np.asarray(point[n], dtype="float64").ravel() for n in names])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +59,17 @@ class Structure:
             return self.compiled.sampler_for(model)
         return self.nutpie_model(model)
 
-    def nutpie_model(self, model: Any) -> Any:
-        """``model`` compiled by nutpie's own ``compile_pymc_model`` (reused for equal sizes and values)."""
+    def loaded(self, model: Any) -> AbstractContextManager[Any]:
+        """The template holding ``model``'s values (as the optional outputs read them), locked
+        against other datasets of the batch (see `SamplerFunctions.loaded`)."""
+        if self.compiled is not None:
+            return self.compiled.functions.loaded(model)
         if self._loader is None:
             self._loader = SamplerFunctions(self.template)
-        self._loader.load_values(model)  # the optional outputs read the template
+        return self._loader.loaded(model)
+
+    def nutpie_model(self, model: Any) -> Any:
+        """``model`` compiled by nutpie's own ``compile_pymc_model`` (reused for equal sizes and values)."""
         variant = _sizes_and_baked_values(model)
         compiled = self._nutpie.get(variant)
         if compiled is None:

@@ -10,6 +10,8 @@ rule collect:
         config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "collect.log",
+    benchmark:
+        RESULTS / "benchmarks" / "collect.tsv"
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -33,6 +35,8 @@ rule status:
         config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "status.log",
+    benchmark:
+        RESULTS / "benchmarks" / "status.tsv"
     conda:
         "../envs/batchfit.yaml"
     script:

@@ -47,18 +47,22 @@ def in_job():
     return not workflow.is_main_process or bool(workflow.dag_settings.target_jobs)
 
 
+def sweep_cores():
+    """The cores a sweep's batches and threads are cut for: None on a cluster (and in its jobs)."""
+    return None if CLUSTER or in_job() else total_cores()
+
+
 @functools.cache
 def sweep():
     """The sweep's plan. A job uses the one its sweep's main process recorded (onstart, below):
     re-planned inside a job, a failed or half-done batch would be cut anew."""
-    return sweep_plan(BF, job=in_job())
+    return sweep_plan(BF, job=in_job(), cores=sweep_cores())
 
 
 def fit_job_threads(wildcards):
     """On a cluster (and in its jobs) one thread per chain; on one machine the cores are shared
     out between the batches."""
-    cores = None if CLUSTER or in_job() else total_cores()
-    return fit_threads(BF, cores, len(sweep().batches))
+    return fit_threads(BF, sweep_cores(), len(sweep().batches))
 
 
 def record_plan():
@@ -107,8 +111,10 @@ SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.templa
 
 @functools.cache
 def _sbc_plan(simulations_mtime_ns):
-    """The simulated sweep's plan, made again whenever the checkpoint has rewritten its output."""
-    return plan(sbc_config(BF))
+    """The simulated sweep's plan, made again whenever the checkpoint has rewritten its output.
+
+    Not recorded like the sweep's, so cut alike in every process: as for a cluster (cores None)."""
+    return plan(sbc_config(BF), cores=None)
 
 
 def sbc_plan():

@@ -12,6 +12,8 @@ rule compile:
         COMPILED,
     log:
         RESULTS / "logs" / "compile.log",
+    benchmark:
+        RESULTS / "benchmarks" / "compile.tsv"
     resources:
         mem_mb=4000,
     conda:

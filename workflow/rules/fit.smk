@@ -15,6 +15,8 @@ rule fit:
         RESULTS / "batches" / "{batch}.json",
     log:
         RESULTS / "logs" / "fit" / "{batch}.log",
+    benchmark:
+        RESULTS / "benchmarks" / "fit" / "{batch}.tsv"
     params:
         config_source=CONFIG_SOURCE,
         datasets=batch_members,

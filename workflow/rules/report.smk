@@ -35,6 +35,8 @@ rule plots:
         settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
     log:
         RESULTS / "logs" / "plots.log",
+    benchmark:
+        RESULTS / "benchmarks" / "plots.tsv"
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -77,6 +79,8 @@ rule report_pages:
         config_source=CONFIG_SOURCE,
     log:
         RESULTS / "logs" / "report_pages.log",
+    benchmark:
+        RESULTS / "benchmarks" / "report_pages.tsv"
     conda:
         "../envs/batchfit.yaml"
     script:
