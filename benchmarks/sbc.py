@@ -11,8 +11,8 @@ with an empty compile cache, on `--cores` cores:
   each simulation, `pm.set_data` + `pm.observe(model, ...)` make a new model and `pm.sample`
   (PyMC's NUTS, `cores=C`, `chains` chains) fits it. Every `pm.sample` compiles the new model's
   log density and gradient again: PyTensor rewrites the graph and looks its C modules up in the
-  on-disk cache (C code is generated and built only at the first simulation), then starts C
-  worker processes for the chains. No timing in simuk itself; the wall time is the child's.
+  on-disk cache (C code is generated and built only at the first simulation), then starts
+  `cores` worker processes for the chains. No timing in simuk itself; the wall time is the child's.
 
 Printed: the wall time of each and their ratio, and for every parameter element the uniformity
 test of both (batchfit's: ArviZ's simultaneous ECDF band and pot_c p-value, on each tool's ranks
@@ -134,6 +134,7 @@ def measure(root: Path, n: int, cores: int, seed: int) -> None:
     fresh_dir(root)
     print(f"{machine_line()}; load average before: {load_average()}")
     bf_run, _ = batchfit_run(root / "batchfit", n, cores, seed)
+    (root / "batchfit" / "snakemake.log").write_text(bf_run.stderr)  # job start/finish times, for report
     print(f"batchfit (snakemake sbc, cold cache): {bf_run.wall:.1f} s")
     sk_dir = fresh_dir(root / "simuk")
     sk_run = run_tracked([PY, __file__, "--n", n, "--cores", cores, "--seed", seed,
@@ -178,15 +179,59 @@ def report(root: Path, cores: int) -> None:
                      "simuk_in_band": not sk_test.loc[label, "outside_band"],
                      "simuk_pot_c_p": round(sk_test.loc[label, "pot_c_p_value"], 3),
                      "ks_2samp_p": round(ks.pvalue, 3)})
-    table = pd.DataFrame(rows)
+    ranks = pd.DataFrame(rows)
     print(f"\n{walls['machine']}\nN = {walls['n']} simulations, {cores} cores, sampler {example_sampler()}; "
           f"load average after the runs: {walls['load_after']}")
     print(f"| method | wall (s) |\n|---|---:|\n| batchfit `snakemake sbc` (cold cache) | {walls['batchfit']:.1f} |\n"
           f"| simuk | {walls['simuk']:.1f} |")
     print(f"\nsimuk / batchfit wall time = {walls['simuk'] / walls['batchfit']:.1f}x")
     print(f"batchfit verdict: {(bf_root / 'verdict.txt').read_text().strip()}")
-    print(f"simuk ranks: {int((~table['simuk_in_band']).sum())} of {len(table)} elements outside the band\n")
+    print(f"\nwhere batchfit's {walls['batchfit']:.1f} s went (Snakemake's job times, 1 s resolution; "
+          f"per-simulation fit times from the batch manifests):\n")
+    table = stages(root / "batchfit" / "snakemake.log", bf_root)
     print(table.to_markdown(index=False))
+    print(f"\nSnakemake outside its jobs (start-up, DAG, exit): {walls['batchfit'] - table['to_s'].max():.0f} s\n")
+    print(f"simuk ranks: {int((~ranks['simuk_in_band']).sum())} of {len(ranks)} elements outside the band\n")
+    print(ranks.to_markdown(index=False))
+
+
+def stages(snakemake_log: Path, sbc_root: Path):
+    """Per Snakemake rule: jobs, first start to last finish (s after the first job started) and the
+    summed job time; for `sbc_fit` also the summed and median per-simulation `fit_one` seconds."""
+    import datetime
+    import re
+
+    import pandas as pd
+
+    now = None
+    started: dict[str, tuple[str, datetime.datetime]] = {}
+    jobs = []
+    rule = None
+    for line in snakemake_log.read_text().splitlines():
+        if m := re.fullmatch(r"\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]", line.strip()):
+            now = datetime.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
+        elif m := re.fullmatch(r"(?:local)?(?:rule|checkpoint) (\w+):", line.strip()):
+            rule = m.group(1)
+        elif rule and (m := re.fullmatch(r"jobid: (\d+)", line.strip())):
+            started[m.group(1)] = (rule, now)
+            rule = None
+        elif m := re.fullmatch(r"Finished jobid: (\d+) \(Rule: (\w+)\)", line.strip()):
+            name, start = started.pop(m.group(1))
+            jobs.append({"rule": name, "start": start, "end": now})
+    if started:
+        raise SystemExit(f"{snakemake_log}: jobs started but never finished: {sorted(started.values())}")
+    frame = pd.DataFrame(jobs)
+    t0 = frame["start"].min()
+    frame["job_s"] = (frame["end"] - frame["start"]).dt.total_seconds()
+    table = frame.groupby("rule", sort=False).agg(jobs=("rule", "size"), first_start=("start", "min"),
+                                                  last_end=("end", "max"), job_s_sum=("job_s", "sum"))
+    table["from_s"] = (table.pop("first_start") - t0).dt.total_seconds()
+    table["to_s"] = (table.pop("last_end") - t0).dt.total_seconds()
+    fits = [o["seconds"] for path in sorted((sbc_root / "batches").glob("*.json"))
+            for o in json.loads(path.read_text())["datasets"].values()]
+    table["fit_one_s_sum"] = pd.Series({"sbc_fit": round(sum(fits), 1)})
+    table["fit_one_s_median"] = pd.Series({"sbc_fit": round(float(np.median(fits)), 2)})
+    return table.reset_index()
 
 
 def _scalar(values: np.ndarray):
