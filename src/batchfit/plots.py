@@ -20,7 +20,7 @@ import xarray as xr
 from arviz_stats.base import array_stats
 
 from batchfit.atomic import atomic_path
-from batchfit.collect import _ci_prob, _stack_elements
+from batchfit.collect import _ci_prob, _stack_elements, group_dataset
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.variables import FREE, ROLE_ATTR, select_vars
@@ -95,11 +95,7 @@ def _posteriors(posteriors_path: Path) -> Iterator[tuple[str, xr.Dataset]]:
     with netCDF4.Dataset(posteriors_path) as nc:
         nc.set_auto_mask(False)
         for dataset_id, group in nc.groups.items():
-            variables = {name: (var.dimensions, var[...], {k: var.getncattr(k) for k in var.ncattrs()
-                                                             if not k.startswith("_")})
-                         for name, var in group.variables.items()}
-            coords = {name: variables.pop(name)[1] for name in list(variables) if name in group.dimensions}
-            yield dataset_id, xr.Dataset(variables, coords=coords)
+            yield dataset_id, group_dataset(group)
 
 
 def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, xr.DataArray]:
