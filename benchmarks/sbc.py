@@ -6,13 +6,14 @@ with an empty compile cache, on `--cores` cores:
 
 * **batchfit**: `snakemake sbc --cores C` with `sbc: {n_simulations: N}`: one compile into the
   batchfit cache, then fit jobs that only sample;
-* **simuk** (what its README shows users): `simuk.SBC(model, num_simulations=N).run_simulations()`.
+* **simuk** (the usage its `SBC` docstring shows): `simuk.SBC(model, num_simulations=N).run_simulations()`.
   It draws all N parameter sets and datasets with one `pm.sample_prior_predictive`, then, for
   each simulation, `pm.set_data` + `pm.observe(model, ...)` make a new model and `pm.sample`
   (PyMC's NUTS, `cores=C`, `chains` chains) fits it. Every `pm.sample` compiles the new model's
   log density and gradient again: PyTensor rewrites the graph and looks its C modules up in the
-  on-disk cache (C code is generated and built only at the first simulation), then starts
-  `cores` worker processes for the chains. No timing in simuk itself; the wall time is the child's.
+  on-disk compile cache (modules an earlier simulation built are not built again), then starts
+  `cores` worker processes for the chains. Both wall times are whole child processes (imports
+  included): `snakemake` and a Python process running simuk.
 
 Printed: the wall time of each and their ratio, and for every parameter element the uniformity
 test of both (batchfit's: ArviZ's simultaneous ECDF band and pot_c p-value, on each tool's ranks
