@@ -10,9 +10,10 @@ with an empty compile cache, on `--cores` cores:
   It draws all N parameter sets and datasets with one `pm.sample_prior_predictive`, then, for
   each simulation, `pm.set_data` + `pm.observe(model, ...)` make a new model and `pm.sample`
   (PyMC's NUTS, `cores=C`, `chains` chains) fits it. Every `pm.sample` compiles the new model's
-  log density and gradient again: PyTensor rewrites the graph and looks its C modules up in the
-  on-disk compile cache (modules an earlier simulation built are not built again), then starts
-  `cores` worker processes for the chains. Both wall times are whole child processes (imports
+  log density and gradient again through PyTensor's default numba backend: small per-op
+  functions come from the on-disk cache, but the whole-graph function is new every simulation
+  (one more `numba_funcified_fgraph` cache entry per simulation in its compile directory), then
+  it starts `cores` worker processes for the chains. Both wall times are whole child processes (imports
   included): `snakemake` and a Python process running simuk.
 
 Printed: the wall time of each and their ratio, and for every parameter element the uniformity
