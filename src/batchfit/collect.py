@@ -512,6 +512,19 @@ def _stale_error(stale: Sequence[str], fitted: Sequence[str], fit_path: Callable
     )
 
 
+def group_dataset(group: netCDF4.Group) -> xr.Dataset:
+    """One group of a netCDF4 file opened with ``set_auto_mask(False)``, in memory: variables with
+    their attributes, dimension variables as coordinates.
+
+    Far cheaper than ``xr.open_dataset(path, group=...)``, which reads the metadata of the whole
+    file on every open (seconds per fit under load, when SBC ranks or plots read hundreds).
+    """
+    variables = {name: (var.dimensions, var[...], {k: var.getncattr(k) for k in var.ncattrs() if not k.startswith("_")})
+                 for name, var in group.variables.items()}
+    coords = {name: variables.pop(name)[1] for name in list(variables) if name in group.dimensions}
+    return xr.Dataset(variables, coords=coords)
+
+
 def read_fit(dataset_id: str, path: Path) -> tuple[xr.Dataset, int]:
     """Load one fit's posterior into memory and count its divergent transitions.
 

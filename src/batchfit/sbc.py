@@ -358,8 +358,9 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
 
 def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
     """Per parameter, the ranks of the fitted simulations stacked as (simulation, *parameter shape)."""
-    import xarray as xr
+    import netCDF4
 
+    from batchfit.collect import group_dataset
     from batchfit.fit import dataset_seed
     from batchfit.variables import OBSERVATION_SIZED, ROLE_ATTR
 
@@ -370,8 +371,9 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     n_draws = 0
     for sim in fitted:
         truth = json.loads(truth_path(config, sim).read_text())["truth"]
-        with xr.open_dataset(sweep.fit_path(sim), group="posterior", engine="h5netcdf") as ds:
-            posterior = ds.isel(draw=slice(None, None, config.sbc.thin)).load()
+        with netCDF4.Dataset(sweep.fit_path(sim)) as nc:
+            nc.set_auto_mask(False)
+            posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))
         rng = np.random.default_rng(dataset_seed(config.sbc.seed, f"ties:{sim}"))
         for name, var in posterior.data_vars.items():
             if var.attrs.get(ROLE_ATTR) == OBSERVATION_SIZED:

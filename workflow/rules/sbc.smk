@@ -46,6 +46,9 @@ rule sbc:
     """Ranks, the uniformity test, the verdict line and one plot per parameter."""
     input:
         simulations=SBC / "simulations.json",
+        # Not read here: listed so that Snakemake sees the compile from the start and runs it beside
+        # the simulation checkpoint; otherwise it appears only after the checkpoint and waits for it.
+        compiled=rules.compile.output[0],
         batches=lambda wildcards: [str(SBC / "batches" / f"{b}.json") for b in sbc_plan().batches],
     output:
         ranks=SBC / "ranks.csv",
