@@ -32,13 +32,7 @@ RUNNER = Path(__file__).parent / "parity_run.py"
 PROCESS_TIMEOUT = 1800  # seconds for one runner process (the whole corpus takes a few minutes)
 
 # batchfit's error for each model it cannot fit yet, with what is known of the cause.
-XFAIL: dict[str, str] = {
-    "family-prior-continuous-3": (
-        "sample failed for dataset 'd': All initialization points failed Caused by: Logp function returned error: "
-        "ErrorCode(1) (the message blames the data). HalfStudentT+InverseGamma+Kumaraswamy+Laplace fit alone, and "
-        "Interpolated alone; together with LogNormal they fail. Interpolated's SplineWrapper op has no numba "
-        "implementation (object mode), which batchfit fit compiles without the compile stage's check"),
-}
+XFAIL: dict[str, str] = {}
 
 CASES = parity_corpus.cases()
 
@@ -60,19 +54,29 @@ def _run_side(side: str, root: Path, names: list[str]) -> None:
             raise RuntimeError(f"{side} runner exited without fitting {remaining}")
 
 
+def _selected(session: pytest.Session) -> list[str]:
+    """The corpus models whose test case this session runs (``-k`` picks a few while developing)."""
+    return [item.callspec.params["name"] for item in session.items
+            if getattr(item, "originalname", "") == "test_batchfit_posterior_matches_pm_sample"]
+
+
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory, session_cache) -> Path:
-    """Every corpus model fitted by batchfit and by pm.sample; the directory holding the results."""
+def corpus(request, tmp_path_factory, session_cache) -> Path:
+    """The selected corpus models fitted by batchfit and by pm.sample; the directory holding the results."""
     root = tmp_path_factory.mktemp("parity")
-    for case in CASES.values():
-        parity_corpus.write_case(case, root, session_cache)
+    names = _selected(request.session)
+    for name in names:
+        parity_corpus.write_case(CASES[name], root, session_cache)
     start = time.perf_counter()
-    threads = [threading.Thread(target=_run_side, args=(side, root, list(CASES))) for side in ("batchfit", "reference")]
+    threads = [threading.Thread(target=_run_side, args=(side, root, names)) for side in ("batchfit", "reference")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"\nparity corpus: {len(CASES)} models fitted by both in {time.perf_counter() - start:.0f} s")
+    cpu = {side: sum(json.loads((root / n / f"{side}.json").read_text()).get("cpu_seconds", 0.0) for n in names)
+           for side in ("batchfit", "reference")}
+    print(f"\nparity corpus: {len(names)} models fitted by both in {time.perf_counter() - start:.0f} s "
+          f"(CPU: batchfit {cpu['batchfit']:.0f} s, pm.sample {cpu['reference']:.0f} s)")
     return root
 
 
