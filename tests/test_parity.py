@@ -29,7 +29,7 @@ import parity_corpus  # noqa: E402
 from posterior_checks import assert_same_posterior  # noqa: E402
 
 RUNNER = Path(__file__).parent / "parity_run.py"
-PROCESS_TIMEOUT = 1800  # seconds for one runner process (the whole corpus takes a few minutes)
+MODEL_TIMEOUT = 600  # seconds per model a runner process is given (a few dozen on an idle core)
 
 # batchfit's error for each model it cannot fit yet, with what is known of the cause.
 XFAIL: dict[str, str] = {}
@@ -43,7 +43,7 @@ def _run_side(side: str, root: Path, names: list[str]) -> None:
     remaining = list(names)
     while remaining:
         proc = subprocess.run([sys.executable, str(RUNNER), side, str(root), *remaining], stdout=log,
-                              stderr=subprocess.STDOUT, timeout=PROCESS_TIMEOUT, env=os.environ.copy())
+                              stderr=subprocess.STDOUT, timeout=MODEL_TIMEOUT * len(remaining), env=os.environ.copy())
         done = [n for n in remaining if (root / n / f"{side}.json").exists()]
         crashed = [n for n in remaining if n not in done and (root / n / f"{side}.started").exists()]
         for name in crashed[:1]:  # the one running when the process died
