@@ -171,8 +171,8 @@ SKIPPED: dict[str, str] = {
                        "as families); the Wishart family itself is in LIKELIHOOD",
 }
 
-# Families fitted in a model of their own, so that batchfit's failure on them (xfail in
-# test_parity.py) does not hide the others of their group.
+# Families fitted in a model of their own: their structure goes through nutpie's own compile
+# (batchfit's fallback), which would otherwise take their group's other families off the cached path.
 FIT_ALONE = {
     "Interpolated",  # its logp's SplineWrapper op has no numba implementation (object mode)
 }

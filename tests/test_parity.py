@@ -1,14 +1,14 @@
 """Parity with ``pm.sample``: every corpus model (tests/parity_corpus.py) gives batchfit the posterior
 that ``pm.sample(nuts_sampler="nutpie")`` gives on the same file.
 
-One session fixture writes every model and dataset, then fits the whole corpus twice, side by
+One session fixture writes the selected models and datasets, then fits them twice, side by
 side: batchfit's compile and fit stages in one subprocess, ``pm.sample`` in another (the test
 process's PyTensor and numba state stays untouched, and each side pays its imports once). A
 subprocess that dies is restarted for the models after the one it died on, which is recorded as
 crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
 
-Models batchfit cannot fit yet are ``xfail(strict=True)`` with the error it gives: when one
-starts to pass, the mark must go.
+A model batchfit cannot fit is a bug to fix; only an understood upstream limitation may be
+``xfail(strict=True)``, with its issue: when it starts to pass, the mark must go.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from posterior_checks import assert_same_posterior  # noqa: E402
 RUNNER = Path(__file__).parent / "parity_run.py"
 MODEL_TIMEOUT = 600  # seconds per model a runner process is given (a few dozen on an idle core)
 
-# batchfit's error for each model it cannot fit yet, with what is known of the cause.
+# Models no batchfit path can fit although pm.sample can, each with the upstream issue that stops
+# it (a model batchfit's cached path cannot take goes through nutpie's own compile instead). None now.
 XFAIL: dict[str, str] = {}
 
 CASES = parity_corpus.cases()
