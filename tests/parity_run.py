@@ -91,6 +91,15 @@ def fit_batchfit(directory: Path) -> None:
         raise RuntimeError(json.loads(failures[0].read_text())["message"])
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the compile worker): a model's cost,
+    which unlike its wall time does not depend on how loaded the machine is."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main(side: str, root: Path, names: list[str]) -> None:
     import logging
 
@@ -102,7 +111,7 @@ def main(side: str, root: Path, names: list[str]) -> None:
     for name in names:
         directory = root / name
         (directory / f"{side}.started").touch()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         try:
             if side == "reference":
                 fit_reference(directory, yaml.safe_load((directory / "config.yaml").read_text())["sampler"])
@@ -112,6 +121,7 @@ def main(side: str, root: Path, names: list[str]) -> None:
         except Exception as exc:  # every failure is a result to report, not a reason to stop the corpus
             result = {"status": "failed", "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
         result["seconds"] = round(time.perf_counter() - start, 2)
+        result["cpu_seconds"] = round(_cpu_seconds() - cpu_start, 2)
         (directory / f"{side}.json").write_text(json.dumps(result))
         print(name, result, flush=True)
 

@@ -51,6 +51,19 @@ PLAIN_SHARED = textwrap.dedent("""\
 """)
 
 
+# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode.
+OBJECT_MODE_OP = textwrap.dedent("""\
+    import numpy as np
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            y = pm.Data("y", data["y"])
+            p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
+            pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
+        return model
+""")
+
 def grouped(seed: int, n_groups: int, n_rows: int = 30) -> pd.DataFrame:
     rng = np.random.default_rng([seed, n_groups])
     codes = np.arange(n_rows) % n_groups
@@ -129,6 +142,22 @@ def test_a_structure_the_cached_path_cannot_take_is_fitted_through_nutpie_with_a
         # the offset differs per dataset: each must be sampled with its own, not the first one's
         assert_same_posterior(posterior, reference(config, name), label=name)
 
+
+def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callbacks(tmp_path, session_cache, caplog):
+    """A cached callback cannot call an object-mode op: the compile says so, naming the op, and the
+    structure is fitted through nutpie's own compile without first failing on the cached path."""
+    frames = {"d": pd.DataFrame({"group": "g0", "y": np.round(np.random.default_rng(5).normal(0.6, 0.3, 20), 4)})}
+    config = sweep(tmp_path, OBJECT_MODE_OP, frames, session_cache)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fit_batch(config, ["d"], batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
+    messages = [str(w.message) for w in caught if "compile_pymc_model" in str(w.message)]
+    assert len(messages) == 1 and "SplineWrapper" in messages[0] and "object mode" in messages[0], messages
+    assert "cached path failed" not in caplog.text
+    attrs, posterior = attrs_and_posterior(config, "d")
+    assert attrs["sampler_path"] == "nutpie"
+    assert_same_posterior(posterior, reference(config, "d"), label="d")
 
 @pytest.mark.parametrize("n_rows", [30])
 def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, session_cache, n_rows):

@@ -34,6 +34,7 @@ from batchfit.config import OutputSettings
 from batchfit.errors import BatchfitError
 from batchfit.extras import warm_extras
 from batchfit.graphs import SamplerGraphs, compile_sampler_functions, sampler_key
+from batchfit.nopython import record_generic_fallbacks
 from batchfit.sampler import CompiledModel, SamplerFunctions
 
 log = logging.getLogger("batchfit")
@@ -83,7 +84,14 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     stage compiles through PyTensor lands in PyTensor's numba cache too.
     """
     clock = _StageClock(key)
-    spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    with record_generic_fallbacks() as fallbacks:
+        spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    if fallbacks:
+        # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
+        # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
+        ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
+        raise BatchfitError(f"the model uses an operation with no numba implementation ({ops}), which numba "
+                            "runs in object mode and batchfit's cached callbacks cannot call")
     clock.stage("log density, gradient and expansion functions")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")

@@ -31,6 +31,9 @@ Public API
 ``model_fallbacks(model, *, jacobian=True)``
     The model's joint logp and its gradient w.r.t. the value variables, as nutpie and
     PyMC compile them, named with the model's variable names.
+``record_generic_fallbacks()``
+    A context manager listing the ``(op, node)`` pairs PyTensor sent to object mode while
+    compiling inside it (no extra compile: the compile stage uses it on its own functions).
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ _RECORD_LOCK = threading.RLock()
 
 
 @contextmanager
-def _record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
+def record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
     """Record every call of PyTensor's ``generate_fallback_impl`` made inside the block.
 
     Dispatch modules import the function by name, so every module-level reference to it is
@@ -225,7 +228,7 @@ def _funcify(op: Any, node: Any) -> tuple[Callable | None, str | None, list[Any]
     """
     from pytensor.link.numba.dispatch.basic import numba_funcify_and_cache_key
 
-    with _record_generic_fallbacks() as calls, warnings.catch_warnings():
+    with record_generic_fallbacks() as calls, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             kernel, key = numba_funcify_and_cache_key(op, node=node)
