@@ -148,6 +148,9 @@ class Sampling:
             return self.sampler.is_finished
         except TimeoutError:  # nutpie 0.16 raises this, instead of returning False, while chains run
             return False
+        except Exception as exc:  # noqa: BLE001 - it raises the sample's own error (e.g. no initial point) here
+            self.error = exc  # for `Fitter.result`, which then tries nutpie's own compile
+            return True
 
     def cancel(self) -> None:
         """Stop the chains of a sample whose result is no longer wanted."""
@@ -445,6 +448,9 @@ def fit_datasets(fitter: Fitter, dataset_ids: Sequence[str], paths: dict[str, Pa
     finally:  # only reached with samples running when the caller stops (on_error: stop, or an interrupt)
         for _, job in running:
             job.sampling.cancel()
+        # A failed sample's chain threads may still be winding down: leave none to the process's exit.
+        if not wait_for_sampler_threads():
+            log.warning("nutpie's chain threads did not end within a minute after the batch")
 
 
 def _prepare(fitter: Fitter, dataset_id: str, paths: dict[str, Path]) -> DatasetFit | Outcome:
