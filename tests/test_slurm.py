@@ -170,7 +170,10 @@ def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | 
     for dataset_id, table in (extra_data or {}).items():
         table.to_csv(root / "data" / "example" / f"{dataset_id}.csv", index=False)
     example = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config = {**example, "sampler": {**example["sampler"], "draws": 200, "tune": 200}, "cache_dir": str(cache)}
+    # batch_size 10: two fit jobs (the default, auto, gives a cluster one job for 20 datasets), so the
+    # sweep shows one compile serving every job
+    config = {**example, "sampler": {**example["sampler"], "draws": 200, "tune": 200}, "cache_dir": str(cache),
+              "batch_size": 10}
     (root / "config").mkdir()
     (root / "config" / "test-sweep.yaml").write_text(yaml.safe_dump(config))
     return root / config["results_dir"]

@@ -306,7 +306,8 @@ def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Conf
     messages.extend(m for m in _unrepresentable_numbers(filled, "") if m[0] not in reported)
     if messages:
         (key, first), *others = messages
-        text = first + "".join(f"; also key '{k}': {m}" for k, m in others)
+        # repr: a key may hold a newline or quote, and the message must stay one line
+        text = first + "".join(f"; also key {k!r}: {m}" for k, m in others)
         raise ConfigError(text, key=key, source=source)
     return _build(filled, source)
 
