@@ -2,8 +2,9 @@
 
 It loads every dataset and builds its model (cheap Python), as the fit stage does, and reports
 
-* every dataset problem (file, column, row and value) and every model-contract problem (all
-  columns baked into the model as constants at once, each with its variable and a fix);
+* every dataset problem (file, column, row and value) and every model-contract problem;
+* every dataset whose values are baked into its model as constants (all at once, each with its
+  variable and a fix): it is fitted, but by a compile of its own;
 * the structure buckets: which datasets build which model structure, and for datasets that
   differ from the reference, the variables and the constants that differ (a value computed
   from the data and baked in, such as ``np.log(y.mean())`` in a prior, shows up here);
@@ -51,13 +52,15 @@ class CheckReport:
 
     reference: str
     dataset_problems: dict[str, str] = field(default_factory=dict)
+    own_compiles: dict[str, str] = field(default_factory=dict)  # datasets with values baked in: what and the fix
     buckets: dict[str, Bucket] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
 
     @property
     def ok(self) -> bool:
-        """No dataset would fail and no structure leaves batchfit's fast path."""
-        return not self.dataset_problems and not self.problems and all(b.path == CACHED for b in self.buckets.values())
+        """No dataset would fail and every dataset takes batchfit's fast path."""
+        return (not self.dataset_problems and not self.own_compiles and not self.problems
+                and all(b.path == CACHED for b in self.buckets.values()))
 
     @property
     def fallbacks(self) -> list[str]:
@@ -68,13 +71,16 @@ class CheckReport:
         """Human-readable findings, one per line."""
         out = [f"reference dataset: {self.reference}"]
         out += [f"  {problem}" for problem in self.dataset_problems.values()]
+        out += [f"  {baked}; it is fitted by nutpie's own compile for it alone (slower)"
+                for baked in self.own_compiles.values()]
         for bucket in self.buckets.values():
             out += [f"  {line}" for line in bucket.lines()]
         out += [f"  {problem}" for problem in self.problems]
         slow = sum(bucket.path == NUTPIE for bucket in self.buckets.values())
         out.append("check: ok" if self.ok else
                    f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.problems)} sweep problem(s), "
-                   f"{slow} structure(s) on nutpie's slower path")
+                   f"{slow} structure(s) on nutpie's slower path, {len(self.own_compiles)} dataset(s) with a "
+                   "compile of their own")
         return out
 
 
@@ -82,7 +88,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     """Load and build every dataset (or only the reference), bucket the structures, find each one's path."""
     from batchfit.cache import open_cache
     from batchfit.fit import kept_variables, reference_model
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.modelfile import baked_values, build_model, load_model_file
     from batchfit.variables import variable_roles
 
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
@@ -110,6 +116,10 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
         except BatchfitError as exc:
             report.dataset_problems[dataset_id] = str(exc)
             continue
+        baked = baked_values(model, dataset)
+        if baked:
+            report.own_compiles[dataset_id] = baked
+            continue
         structure = structure_of(model)
         if structure not in report.buckets:
             report.buckets[structure] = Bucket(structure)
@@ -124,7 +134,8 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     if len(report.buckets) > config.max_structures:
         report.problems.append(
             f"the datasets build {len(report.buckets)} model structures, more than max_structures: "
-            f"{config.max_structures}; the fit stage fails the datasets past it. A structure changes with "
+            f"{config.max_structures}; the fit stage compiles each dataset past it alone, through nutpie's own "
+            "compile (slower). A structure changes with "
             "the data when build_model takes a size from the data as a Python int or bakes a value computed "
             "from the data into the model (see 'differs' above): use dims= and pm.Data instead.")
     return report

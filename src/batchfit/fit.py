@@ -31,6 +31,7 @@ from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
 from batchfit.modelfile import (
+    baked_values,
     build_model,
     file_hash,
     load_model_file,
@@ -170,7 +171,7 @@ class Fitter:
         self.structures = Structures(config, cache)
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
         self.kept = kept_variables(config, self.roles)
-        self.reference = self.structures.for_model(ref.model, model_source(config, ref.dataset, ref.coding))
+        self.reference = self.structure(ref.model, ref.dataset)
 
     @property
     def compile_line(self) -> str:
@@ -185,7 +186,8 @@ class Fitter:
 
     def structure(self, model: Any, dataset: Dataset) -> Structure:
         """The compiled structure for ``model`` (compiled now if this job has not met it)."""
-        return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding))
+        return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding),
+                                         baked=baked_values(model, dataset))
 
     def provenance(self, dataset_id: str, data_path: Path) -> Provenance:
         """What a fit of this dataset records: hashed before the file is loaded, so a file

@@ -4,6 +4,8 @@ The contract (README, "Writing a model"): the file defines ``build_model(data) -
 every array that differs between datasets enters the model as ``pm.Data(name, data[name])``
 under its column's name, and dimension labels come from ``data.coords``. Then one compiled
 model serves every dataset, because datasets differ only in the values of those containers.
+A model that bakes a dataset's values in as constants is still fitted, by a compile of its
+own (`baked_values` names what is baked in and how to pass it through ``pm.Data``).
 """
 
 from __future__ import annotations
@@ -99,11 +101,7 @@ def requirements(model: Any) -> dict[str, DataRequirement]:
 
 
 def check_containers(model: Any, dataset: Dataset) -> None:
-    """Every ``pm.Data`` must be a column; no column may be baked into the graph as a constant.
-
-    Every baked-in column is named at once, each with the model variable using it and a fix
-    that works as written (a ``pm.Data`` may not share a dimension's name).
-    """
+    """Every ``pm.Data`` must be a column: batchfit swaps each container for its column's values."""
     missing = [name for name in data_containers(model) if name not in dataset]
     if missing:
         raise ModelContractError(
@@ -111,18 +109,25 @@ def check_containers(model: Any, dataset: Dataset) -> None:
             f"'{dataset.id}' ({dataset.path}); columns are: {', '.join(sorted(dataset.keys()))}. "
             "Name each pm.Data after the column it holds: pm.Data('x', data['x'])."
         )
-    baked = baked_in_columns(model, dataset)
-    derived = derived_arrays(model, dataset)
-    if baked or derived:
-        listing = [f"column '{col}' (used by model variable '{var}'): {data_fix(model, col)}" for col, var in baked]
-        listing += [f"an array of shape {shape} with one entry per row, computed from the data (used by model "
-                    f"variable '{var}'): put the columns it is computed from in pm.Data and compute it in the "
-                    "model, e.g. age = pm.Data('age', data['age']); (age - 60) / 10" for shape, var in derived]
-        raise ModelContractError(
-            f"{len(listing)} value(s) of dataset '{dataset.id}' are baked into the model as constants instead "
-            "of entering through pm.Data, so every dataset would silently reuse the first dataset's values: "
-            + "; ".join(listing)
-        )
+
+
+def baked_values(model: Any, dataset: Dataset) -> str:
+    """What of ``dataset`` is baked into ``model`` as constants instead of entering through pm.Data
+    ('' if nothing is), each value with the model variable using it and a fix that works as written.
+
+    Such a model is still fitted, but by its own compile (`batchfit.structures`): a compiled
+    model serving other datasets would silently reuse this dataset's values.
+    """
+    listing = [f"column '{col}' (used by model variable '{var}'): {data_fix(model, col)}"
+               for col, var in baked_in_columns(model, dataset)]
+    listing += [f"an array of shape {shape} with one entry per row, computed from the data (used by model "
+                f"variable '{var}'): put the columns it is computed from in pm.Data and compute it in the "
+                "model, e.g. age = pm.Data('age', data['age']); (age - 60) / 10"
+                for shape, var in derived_arrays(model, dataset)]
+    if not listing:
+        return ""
+    return (f"{len(listing)} value(s) of dataset '{dataset.id}' are baked into the model as constants instead of "
+            "entering through pm.Data: " + "; ".join(listing))
 
 
 def data_fix(model: Any, column: str) -> str:

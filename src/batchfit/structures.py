@@ -23,7 +23,7 @@ from batchfit.cache import CacheDir
 from batchfit.cache_heal import retry_after_healing
 from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
-from batchfit.errors import ModelContractError, one_line
+from batchfit.errors import one_line
 from batchfit.extras import ExtraGroups
 from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
@@ -116,31 +116,58 @@ def _shared_variables(model: Any) -> list[Any]:
 
 
 class Structures:
-    """The structures of one job, met in dataset order; at most ``max_structures`` of them."""
+    """The structures of one job, met in dataset order; at most ``max_structures`` compiled for the cache.
+
+    A model that bakes its dataset's values in (`batchfit.modelfile.baked_values`), and any
+    structure past ``max_structures``, is fitted through nutpie's own compile for that dataset
+    alone, as ``pm.sample`` would: one compile per dataset, slower, never a failure.
+    """
 
     def __init__(self, config: Config, cache: CacheDir):
         self.config = config
         self.cache = cache
         self.known: dict[str, Structure] = {}
+        self._warned: set[str] = set()  # the kinds of per-dataset compile already warned about in this job
 
-    def for_model(self, model: Any, source: ModelSource) -> Structure:
-        """The structure of ``model`` (built from ``source``), compiling it on first sight."""
+    def for_model(self, model: Any, source: ModelSource, *, baked: str = "") -> Structure:
+        """The structure of ``model`` (built from ``source``), compiling it on first sight.
+
+        ``baked`` describes the dataset's values baked into the model ('' for none).
+        """
         structure_id = structure_of(model)
+        if baked:
+            return self._own_compile(structure_id, model, source, "baked", (
+                f"{baked}. Such a dataset is fitted by a compile of its own; to fit every dataset with one "
+                "compile, pass these values through pm.Data as said"))
         found = self.known.get(structure_id)
         if found is not None:
             return found
         if len(self.known) >= self.config.max_structures:
-            raise ModelContractError(
+            return self._own_compile(structure_id, model, source, "max_structures", (
                 f"dataset '{source.dataset_id}' builds a model of yet another structure: "
-                f"{len(self.known) + 1} structures, more than max_structures: {self.config.max_structures}. "
-                "A structure changes with the data when build_model takes a size from the data as a Python "
-                "int (shape=(n_groups, k) with n_groups = len(...)) or branches on data values: give the "
-                "variable dims= with coords from the data instead, so sizes are runtime values. If the "
-                f"structures are expected, raise max_structures in {self.config.source}."
-            )
+                f"{len(self.known) + 1} structures, more than max_structures: {self.config.max_structures}, so it "
+                "is fitted by a compile of its own, as is every further one. A structure changes with the data when "
+                "build_model takes a size from the data as a Python int (shape=(n_groups, k) with n_groups = "
+                "len(...)) or branches on data values: give the variable dims= with coords from the data instead, "
+                f"so sizes are runtime values. If the structures are expected, raise max_structures in "
+                f"{self.config.source}"))
         structure = self._compile(structure_id, model, source)
         self.known[structure_id] = structure
         return structure
+
+    def _own_compile(self, structure_id: str, model: Any, source: ModelSource, kind: str, reason: str) -> Structure:
+        """A structure for one dataset only, on nutpie's path (compiled when sampled, never cached).
+
+        Warned about once per job and kind (a sweep may have thousands of such datasets); each
+        dataset's log line and its fit's ``sampler_path`` say which took this path.
+        """
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(f"{reason}. (A compile of its own: nutpie's compile_pymc_model, as pm.sample runs it; "
+                          "slower, and never cached.)", stacklevel=3)
+        log.info("%s: fitted through nutpie's own compile (%s)", source.dataset_id,
+                 "values baked into the model" if kind == "baked" else "past max_structures")
+        return Structure(structure_id, NUTPIE, model, self._extras(model), reason=reason)
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
         try:
@@ -153,8 +180,12 @@ class Structures:
                 f"cannot take it: {reason}. Fits of this structure compile in every job.",
                 stacklevel=2,
             )
-        extras = retry_after_healing(self.cache, "optional outputs", lambda: ExtraGroups(model, self.config.outputs))
+        extras = self._extras(model)
         if compiled is None:
             return Structure(structure_id, NUTPIE, model, extras, reason=reason)
         log.info("structure %s: %s", structure_id[:12], compiled.report.line())
         return Structure(structure_id, CACHED, model, extras, compiled=compiled)
+
+    def _extras(self, model: Any) -> ExtraGroups:
+        """The optional outputs' functions for a structure (compiled into the cache, so healed like it)."""
+        return retry_after_healing(self.cache, "optional outputs", lambda: ExtraGroups(model, self.config.outputs))
