@@ -13,6 +13,7 @@ import xarray as xr
 
 MAX_MEAN_Z = 5.0  # |difference of means| / combined MCSE; ~1 in 2 million for a right posterior
 SD_RATIO = (0.75, 1.33)  # with a few hundred effective draws each, sds agree within ~15%
+MAX_R_HAT = 1.1  # past it a chain is stuck or far from the others: Monte Carlo errors mean nothing
 
 
 def assert_same_posterior(ours: xr.Dataset, reference: xr.Dataset, *, label: str,
@@ -38,6 +39,10 @@ def assert_same_posterior(ours: xr.Dataset, reference: xr.Dataset, *, label: str
             assert labels_a == labels_b, f"{label}: {name} coordinate {dim} is {labels_a} vs {labels_b}"
         mean_a, mean_b = _flat(a.mean(("chain", "draw"))), _flat(b.mean(("chain", "draw")))
         sd_a, sd_b = _flat(a.std(("chain", "draw"))), _flat(b.std(("chain", "draw")))
+        for side, values in (("ours", a), ("reference", b)):
+            r_hat = np.nanmax(_flat(az.rhat(values.to_dataset())[name]), initial=1.0)
+            assert r_hat <= MAX_R_HAT, f"{label}: {side} chains did not mix on {name} (r_hat {r_hat:.2f}): " \
+                                       "a stuck chain, or a model too hard to compare posteriors on"
         mcse = np.hypot(_flat(az.mcse(a.to_dataset(), method="mean")[name]),
                         _flat(az.mcse(b.to_dataset(), method="mean")[name]))
         for i in range(mean_a.size):

@@ -124,7 +124,8 @@ def test_every_public_distribution_is_in_the_corpus_or_skipped_with_a_reason():
 
 
 def test_comparator_passes_a_right_posterior_and_fails_a_wrong_one():
-    """Two independent samples of one posterior agree; a shift of 0.75 sd or an sd 40% too large do not."""
+    """Two independent samples of one posterior agree; a shift of 0.75 sd, an sd 40% too large or a stuck
+    chain do not."""
     import xarray as xr
 
     rng = np.random.default_rng(7)
@@ -149,3 +150,7 @@ def test_comparator_passes_a_right_posterior_and_fails_a_wrong_one():
         assert_same_posterior(posterior(scale=1.4), reference, label="too wide")
     with pytest.raises(AssertionError, match="missing"):
         assert_same_posterior(posterior().drop_vars("b"), reference, label="variable lost")
+    stuck = posterior()
+    stuck["a"][1] = stuck["a"][1, 0]  # the second chain never moves
+    with pytest.raises(AssertionError, match="ours chains did not mix on a"):
+        assert_same_posterior(stuck, reference, label="stuck chain")
