@@ -134,8 +134,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     if len(report.buckets) > config.max_structures:
         report.problems.append(
             f"the datasets build {len(report.buckets)} model structures, more than max_structures: "
-            f"{config.max_structures}; the fit stage compiles each dataset past it alone, through nutpie's own "
-            "compile (slower). A structure changes with "
+            f"{config.max_structures}; the fit stage fails the datasets past it. A structure changes with "
             "the data when build_model takes a size from the data as a Python int or bakes a value computed "
             "from the data into the model (see 'differs' above): use dims= and pm.Data instead.")
     return report

@@ -373,10 +373,8 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
             progress.done_one()
             if outcome.status == "failed" and config.on_error == "stop":
                 raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
-    finally:
+    finally:  # fit_datasets has cancelled and waited for any chain threads by now (its own finally)
         write_manifest(config, report)
-        if not wait_for_sampler_threads():  # a failed sample's threads may still be ending (see its docstring)
-            log.warning("nutpie's chain threads did not end within a minute after the batch")
     return report
 
 
@@ -447,7 +445,7 @@ def fit_datasets(fitter: Fitter, dataset_ids: Sequence[str], paths: dict[str, Pa
             while yielded in outcomes:
                 yield outcomes.pop(yielded)
                 yielded += 1
-    finally:  # only reached with samples running when the caller stops (on_error: stop, or an interrupt)
+    finally:  # with samples running only when the caller stops (on_error: stop, or an interrupt)
         for _, job in running:
             job.sampling.cancel()
         # A failed sample's chain threads may still be winding down: leave none to the process's exit.

@@ -23,7 +23,7 @@ from batchfit.cache import CacheDir
 from batchfit.cache_heal import retry_after_healing
 from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
-from batchfit.errors import one_line
+from batchfit.errors import ModelContractError, one_line
 from batchfit.extras import ExtraGroups
 from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
@@ -116,18 +116,18 @@ def _shared_variables(model: Any) -> list[Any]:
 
 
 class Structures:
-    """The structures of one job, met in dataset order; at most ``max_structures`` compiled for the cache.
+    """The structures of one job, met in dataset order; at most ``max_structures`` of them.
 
-    A model that bakes its dataset's values in (`batchfit.modelfile.baked_values`), and any
-    structure past ``max_structures``, is fitted through nutpie's own compile for that dataset
-    alone, as ``pm.sample`` would: one compile per dataset, slower, never a failure.
+    A model that bakes its dataset's values in (`batchfit.modelfile.baked_values`) is fitted
+    through nutpie's own compile for that dataset alone, as ``pm.sample`` would: one compile per
+    dataset, slower, never a failure; it does not count as one of the structures.
     """
 
     def __init__(self, config: Config, cache: CacheDir):
         self.config = config
         self.cache = cache
         self.known: dict[str, Structure] = {}
-        self._warned: set[str] = set()  # the kinds of per-dataset compile already warned about in this job
+        self._warned = False  # about datasets with a compile of their own, once per job
 
     def for_model(self, model: Any, source: ModelSource, *, baked: str = "") -> Structure:
         """The structure of ``model`` (built from ``source``), compiling it on first sight.
@@ -136,37 +136,36 @@ class Structures:
         """
         structure_id = structure_of(model)
         if baked:
-            return self._own_compile(structure_id, model, source, "baked", (
+            return self._own_compile(structure_id, model, source, (
                 f"{baked}. Such a dataset is fitted by a compile of its own; to fit every dataset with one "
                 "compile, pass these values through pm.Data as said"))
         found = self.known.get(structure_id)
         if found is not None:
             return found
         if len(self.known) >= self.config.max_structures:
-            return self._own_compile(structure_id, model, source, "max_structures", (
+            raise ModelContractError(
                 f"dataset '{source.dataset_id}' builds a model of yet another structure: "
-                f"{len(self.known) + 1} structures, more than max_structures: {self.config.max_structures}, so it "
-                "is fitted by a compile of its own, as is every further one. A structure changes with the data when "
-                "build_model takes a size from the data as a Python int (shape=(n_groups, k) with n_groups = "
-                "len(...)) or branches on data values: give the variable dims= with coords from the data instead, "
-                f"so sizes are runtime values. If the structures are expected, raise max_structures in "
-                f"{self.config.source}"))
+                f"{len(self.known) + 1} structures, more than max_structures: {self.config.max_structures}. "
+                "A structure changes with the data when build_model takes a size from the data as a Python "
+                "int (shape=(n_groups, k) with n_groups = len(...)) or branches on data values: give the "
+                "variable dims= with coords from the data instead, so sizes are runtime values. If the "
+                f"structures are expected, raise max_structures in {self.config.source}."
+            )
         structure = self._compile(structure_id, model, source)
         self.known[structure_id] = structure
         return structure
 
-    def _own_compile(self, structure_id: str, model: Any, source: ModelSource, kind: str, reason: str) -> Structure:
+    def _own_compile(self, structure_id: str, model: Any, source: ModelSource, reason: str) -> Structure:
         """A structure for one dataset only, on nutpie's path (compiled when sampled, never cached).
 
-        Warned about once per job and kind (a sweep may have thousands of such datasets); each
-        dataset's log line and its fit's ``sampler_path`` say which took this path.
+        Warned about once per job (a sweep may have thousands of such datasets); each dataset's
+        log line and its fit's ``sampler_path`` say which took this path.
         """
-        if kind not in self._warned:
-            self._warned.add(kind)
+        if not self._warned:
+            self._warned = True
             warnings.warn(f"{reason}. (A compile of its own: nutpie's compile_pymc_model, as pm.sample runs it; "
                           "slower, and never cached.)", stacklevel=3)
-        log.info("%s: fitted through nutpie's own compile (%s)", source.dataset_id,
-                 "values baked into the model" if kind == "baked" else "past max_structures")
+        log.info("%s: fitted through nutpie's own compile (values baked into the model)", source.dataset_id)
         return Structure(structure_id, NUTPIE, model, self._extras(model), reason=reason)
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
