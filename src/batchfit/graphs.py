@@ -14,7 +14,7 @@ from typing import Any
 
 from batchfit.callbacks import Slot, WrapperSpec, wrapper_source
 from batchfit.errors import BatchfitError, ModelContractError
-from batchfit.fingerprint import environment_fingerprint, graph_fingerprint, model_fingerprint
+from batchfit.fingerprint import environment_fingerprint, graph_fingerprint, structure_of
 
 
 def slot_of(var: Any, model: Any) -> Slot:
@@ -153,5 +153,6 @@ def sampler_key(model: Any, graphs: SamplerGraphs | None = None) -> str:
     environment (library versions, flags, CPU, batchfit's code).
     """
     graphs = graphs or SamplerGraphs.of(model)
-    parts = (model_fingerprint(model), graphs.fingerprint(), environment_fingerprint())
+    # structure_of: the structure registry and CompiledModel ask for the same fingerprint.
+    parts = (structure_of(model), graphs.fingerprint(), environment_fingerprint())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
