@@ -5,6 +5,7 @@ Every posterior is checked against ``pm.sample(nuts_sampler="nutpie")`` on the s
 
 from __future__ import annotations
 
+import logging
 import textwrap
 import warnings
 from pathlib import Path
@@ -157,12 +158,16 @@ def fitted_through_nutpie(tmp_path, session_cache, source: str, frames: dict[str
     return [str(w.message) for w in caught if warned in str(w.message)]
 
 
-def test_a_model_with_baked_in_values_is_fitted_per_dataset_with_its_own_values(tmp_path, session_cache):
+def test_a_model_with_baked_in_values_is_fitted_per_dataset_with_its_own_values(tmp_path, session_cache, caplog):
     """Two datasets of equal size whose observed values are baked in (a compiled model shared
-    between them would give both the first one's posterior), with one warning."""
+    between them would give both the first one's posterior), with one warning, and each
+    dataset's structure built once (the reference dataset's is also the job's reference)."""
     frames = {f"d{i}": grouped(i, 2).assign(y=lambda f, i=i: f["y"] + 4.0 * i) for i in range(2)}
+    caplog.set_level(logging.INFO, logger="batchfit")
     messages = fitted_through_nutpie(tmp_path, session_cache, BAKED_OBSERVED, frames, "baked into the model")
     assert len(messages) == 1 and "column 'y'" in messages[0], messages
+    for name in frames:
+        assert caplog.text.count(f"{name}: fitted through nutpie's own compile") == 1, caplog.text
 
 
 def test_a_structure_the_cached_path_cannot_take_is_fitted_through_nutpie_with_a_warning(tmp_path, session_cache):

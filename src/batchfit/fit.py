@@ -30,6 +30,7 @@ from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
+from batchfit.fingerprint import structure_of
 from batchfit.modelfile import (
     baked_values,
     build_model,
@@ -171,7 +172,7 @@ class Fitter:
         self.structures = Structures(config, cache)
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
         self.kept = kept_variables(config, self.roles)
-        self.reference = self.structure(ref.model, ref.dataset)
+        self.reference = self._structure(ref.model, ref.dataset)
 
     @property
     def compile_line(self) -> str:
@@ -186,6 +187,11 @@ class Fitter:
 
     def structure(self, model: Any, dataset: Dataset) -> Structure:
         """The compiled structure for ``model`` (compiled now if this job has not met it)."""
+        if dataset.id == self.ref.dataset.id and structure_of(model) == self.reference.id:
+            return self.reference  # not built twice when it has a compile of its own (values baked in)
+        return self._structure(model, dataset)
+
+    def _structure(self, model: Any, dataset: Dataset) -> Structure:
         return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding),
                                          baked=baked_values(model, dataset))
 
