@@ -158,28 +158,28 @@ def _assert_close(actual, expected, what):
 
 
 @pytest.mark.parametrize("mode", [NUMBA, NUMBA_NO_CORE_SHAPE], ids=["numba", "numba-no-core-shape"])
-@pytest.mark.parametrize("case", list(LINALG_CASES))
-def test_batched_linalg_op_and_gradient(case, mode, linalg_inputs):
-    build, reference = LINALG_CASES[case]
+def test_batched_linalg_ops_and_gradients(mode, linalg_inputs):
+    """Every case's value and the gradient of a weighted sum of it, all in one compiled function
+    per mode (one numba compile instead of one per case: the cases share most of their kernels)."""
     X, B, b = pt.tensor3("X"), pt.tensor3("B"), pt.matrix("b")
-    out = build(X, B, b)
-    expected_value = reference(*linalg_inputs)
-    weights = np.random.default_rng(7).normal(size=expected_value.shape)
-    cost = (pt.as_tensor(weights) * out).sum()
-    used = [v for v in (X, B, b) if v in pytensor.graph.traversal.graph_inputs([out])]
-    grads = pytensor.grad(cost, used)
-    outputs = [out, cost, *grads]
+    expected = {case: reference(*linalg_inputs) for case, (_, reference) in LINALG_CASES.items()}
+    outputs, where = [], {}
+    for case, (build, _) in LINALG_CASES.items():
+        out = build(X, B, b)
+        weights = np.random.default_rng(7).normal(size=expected[case].shape)
+        cost = (pt.as_tensor(weights) * out).sum()
+        used = [v for v in (X, B, b) if v in pytensor.graph.traversal.graph_inputs([out])]
+        where[case] = slice(len(outputs), len(outputs) + 2 + len(used))
+        outputs += [out, cost, *pytensor.grad(cost, used)]
 
-    fn = pytensor.function(used, outputs, mode=mode)
+    fn = pytensor.function([X, B, b], outputs, mode=mode, on_unused_input="ignore")
     assert fallbacks_in_function(fn) == []
-
-    values = dict(zip((X, B, b), linalg_inputs, strict=True))
-    args = [values[v] for v in used]
-    got = fn(*args)
-    expected_python = pytensor.function(used, outputs, mode=PYTHON)(*args)
-    _assert_close(got[0], expected_value, f"{case}: value vs numpy/scipy")
-    for i, (g, e) in enumerate(zip(got, expected_python, strict=True)):
-        _assert_close(g, e, f"{case}: output {i} vs python backend")
+    got = fn(*linalg_inputs)
+    expected_python = pytensor.function([X, B, b], outputs, mode=PYTHON, on_unused_input="ignore")(*linalg_inputs)
+    for case in LINALG_CASES:
+        _assert_close(got[where[case]][0], expected[case], f"{case}: value vs numpy/scipy")
+        for i, (g, e) in enumerate(zip(got[where[case]], expected_python[where[case]], strict=True)):
+            _assert_close(g, e, f"{case}: output {i} vs python backend")
 
 
 def test_gradient_of_batched_cholesky_matches_finite_differences(linalg_inputs):
