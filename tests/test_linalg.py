@@ -402,24 +402,10 @@ def _at_point(model, var, point, mode=PYTHON):
     return fn(point)
 
 
-def _check_model(model, rng):
-    outputs, inputs = model_graphs(model)
-    fn = pytensor.function(inputs, outputs, mode=NUMBA)
-    assert fallbacks_in_function(fn, variable_names=model_variable_names(model)) == []
-    ref = pytensor.function(inputs, outputs, mode=PYTHON)
-    for _ in range(2):
-        point = _random_point(model, rng)
-        args = [point[v.name] for v in inputs]
-        for i, (g, e) in enumerate(zip(fn(*args), ref(*args), strict=True)):
-            _assert_close(g, e, f"logp/gradient output {i}")
-    return fn
-
-
-def test_batched_models_logp_and_gradient():
-    """Every model case's log density and gradient at two random points, all in one compiled
-    function (one numba compile instead of one per model, as for the ops above)."""
-    rngs = {case: np.random.default_rng(zlib.crc32(case.encode())) for case in MODEL_CASES}
-    models = {case: build(rngs[case]) for case, build in MODEL_CASES.items()}
+def _check_models(models, rngs):
+    """The log densities and gradients of ``models`` (name -> model), all in one function compiled
+    under numba: no fallback, and equal to PyTensor's Python backend at two random points per model
+    (drawn with ``rngs[name]``). One function: one numba compile instead of one per model."""
     inputs, outputs, where, names = [], [], {}, {}
     for case, model in models.items():
         outs, ins = model_graphs(model)
@@ -439,6 +425,11 @@ def test_batched_models_logp_and_gradient():
         for case, (_, outs) in where.items():
             for i, (g, e) in enumerate(zip(got[outs], expected[outs], strict=True)):
                 _assert_close(g, e, f"{case}: logp/gradient output {i}")
+
+
+def test_batched_models_logp_and_gradient():
+    rngs = {case: np.random.default_rng(zlib.crc32(case.encode())) for case in MODEL_CASES}
+    _check_models({case: build(rngs[case]) for case, build in MODEL_CASES.items()}, rngs)
 
 
 def test_batched_mvnormal_likelihood_matches_scipy():
@@ -527,7 +518,7 @@ def test_grouped_mvnormal_model_is_fully_compiled_and_correct(grouped_mvnormal):
         np.testing.assert_array_equal(model[column].get_value(), data[column])
     assert list(model.coords["groups"]) == data.coords["group"]
     assert model_fallbacks(model) == []
-    _check_model(model, np.random.default_rng(4))
+    _check_models({"grouped_mvnormal": model}, {"grouped_mvnormal": np.random.default_rng(4)})
 
 
 def test_grouped_mvnormal_logp_matches_scipy(grouped_mvnormal):
