@@ -15,14 +15,16 @@ to the parent's log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,8 +147,9 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
     With ``source`` a miss compiles in a child process (see module docstring); without it, in
     this process.
     """
-    graphs = SamplerGraphs.of(model)
-    key = sampler_key(model, graphs)
+    with _collector_paused():
+        graphs = SamplerGraphs.of(model)
+        key = sampler_key(model, graphs)
 
     def build() -> dict[str, Any]:
         if source is not None:
@@ -154,12 +157,39 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
-    fetched = get_or_build(cache, key, load=lambda entry: load_callbacks(cache, key, entry), build=build,
-                           lock_timeout=lock_timeout)
+    def load(entry: dict[str, Any]) -> tuple[WrapperSpec, Any, Any]:
+        with _collector_paused():
+            return load_callbacks(cache, key, entry)
+
+    fetched = get_or_build(cache, key, load=load, build=build, lock_timeout=lock_timeout)
     spec, logp, expand = fetched.value
+
+    def functions() -> CompiledModel:
+        with _collector_paused():
+            return CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched))
+
     # The per-process functions compile through PyTensor, which reads its own files in the cache.
-    return retry_after_healing(cache, f"cache entry {key[:12]}",
-                               lambda: CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched)))
+    return retry_after_healing(cache, f"cache entry {key[:12]}", functions)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Run the block without Python's cyclic garbage collector.
+
+    A warm start imports numba's and PyTensor's dispatch modules (unpickling numba's environments
+    does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
+    burst sets off collections that walk the whole heap, pymc's and pytensor's included. Pausing
+    them for these short, bounded steps took about a quarter of a warm start (benchmarks/cache_load.py);
+    garbage made meanwhile is collected once the collector runs again. Long steps (a compile) are
+    never run paused.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, Any]:
@@ -219,8 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     coding = json.loads(args.coding)
     dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None)
     model = build_model(load_model_file(Path(args.model_file)), dataset)
-    graphs = SamplerGraphs.of(model)
-    key = sampler_key(model, graphs)
+    with _collector_paused():
+        graphs = SamplerGraphs.of(model)
+        key = sampler_key(model, graphs)
     if key != args.key:
         print(f"the model built from {args.model_file} differs between processes (key {key[:12]} "
               f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
