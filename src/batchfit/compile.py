@@ -179,9 +179,9 @@ def _collector_paused() -> Iterator[None]:
     A warm start imports numba's and PyTensor's dispatch modules (unpickling numba's environments
     does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
     burst sets off collections that walk the whole heap, pymc's and pytensor's included. Pausing
-    them for these short, bounded steps took about a quarter of a warm start (benchmarks/cache_load.py);
-    garbage made meanwhile is collected once the collector runs again. Long steps (a compile) are
-    never run paused.
+    them for these short, bounded steps shortened a warm start by about a sixth
+    (benchmarks/cache_load.py: 0.642 s before, 0.541 s after); garbage made meanwhile is collected
+    once the collector runs again. Long steps (a compile) are never run paused.
     """
     was_enabled = gc.isenabled()
     gc.disable()
