@@ -35,6 +35,12 @@ def example_sampler() -> dict:
     return dict(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["sampler"])
 
 
+def example_columns() -> dict:
+    """The bundled example's column coding (config/config.yaml): groups coded per dataset, as a
+    process fitting one dataset codes them, so every method fits the same parameters."""
+    return dict(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["columns"])
+
+
 def fresh_dir(path: Path) -> Path:
     """An empty directory (removed first if present)."""
     shutil.rmtree(path, ignore_errors=True)

@@ -47,6 +47,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from common import (  # noqa: E402
     PY,
     RESULTS,
     child_env,
+    example_columns,
     example_sampler,
     fresh_dir,
     load_average,
@@ -232,14 +234,20 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def snakemake_run(config: dict, root: Path, cores: int) -> tuple[Path, list]:
-    """A config file under ``root`` and the ``snakemake --cores`` command that sweeps it."""
+def snakemake_run(config: dict, root: Path, cores: int) -> tuple[Path, Callable[..., list]]:
+    """A config file under ``root`` and the ``snakemake --cores`` command for a target of its sweep."""
     import yaml
 
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path, [Path(PY).parent / "snakemake", "-s", REPO / "Snakefile", "-d", fresh_dir(root / "work"),
-                  "--cores", str(cores), "--configfile", path, "--quiet", "all"]
+    workdir = fresh_dir(root / "work")
+
+    def command(target: str | Path = "all") -> list:
+        # The target goes first: --configfile and --quiet take every value that follows them.
+        return [Path(PY).parent / "snakemake", target, "-s", REPO / "Snakefile", "-d", workdir,
+                "--cores", str(cores), "--configfile", path, "--quiet", "all"]
+
+    return path, command
 
 
 def rule_benchmarks(results_dir: Path) -> dict[str, dict[str, float]]:
@@ -266,6 +274,7 @@ def stage_line(stages: dict[str, dict[str, float]]) -> str:
 
 def compare(n: int, cores: int) -> list[dict]:
     """The four methods side by side on ``n`` example datasets; rows for sweep.csv."""
+    from batchfit.cache import CacheDir
     from batchfit.config import load_config
     from batchfit.fit import dataset_seed
     from batchfit.pipeline import compile_stamp_path
@@ -326,7 +335,8 @@ def compare(n: int, cores: int) -> list[dict]:
     bf = root / "batchfit"
     cache, res_dir = fresh_dir(bf / "cache"), bf / "results"
     config_path, cmd = snakemake_run({"model": str(MODEL), "datasets": [str(root / "data" / "*.csv")],
-                                      "sampler": sampler, "cache_dir": str(cache), "results_dir": str(res_dir)},
+                                      "sampler": sampler, "columns": example_columns(), "cache_dir": str(cache),
+                                      "results_dir": str(res_dir)},
                                      bf, cores)
     stamp_path = compile_stamp_path(load_config(config_path))
     stages_of = {}
@@ -334,10 +344,13 @@ def compare(n: int, cores: int) -> list[dict]:
         shutil.rmtree(res_dir, ignore_errors=True)
         phase(f"{label}: snakemake --cores {cores} ({state})")
         before = stamp_path.stat().st_mtime_ns if stamp_path.exists() else None
-        r = run_tracked(cmd, env=child_env(), cwd=REPO).check()
+        r = run_tracked(cmd(), env=child_env(), cwd=REPO).check()
         stamp = json.loads(stamp_path.read_text())
         if stamp_path.stat().st_mtime_ns == before:  # the cache was filled: no compile job ran
-            stamp = {**stamp, "hit": True, "line": "compile job skipped (cache already filled)"}
+            stamp = {**stamp, "line": "compile job skipped (cache already filled)"}
+        # On the empty cache the compile job built the entry, which records what that took; warm compiles nothing.
+        compile_s = (json.loads(CacheDir(cache).entry_path(stamp["key"]).read_text())["compile_seconds"]
+                     if label == "batchfit cold" else 0.0)
         manifests = [json.loads(p.read_text()) for p in sorted((res_dir / "batches").glob("*.json"))]
         per = [o["seconds"] for m in manifests for o in m["datasets"].values()]
         failed = [d for m in manifests for d, o in m["datasets"].items() if o["status"] != "ok"]
@@ -346,7 +359,7 @@ def compare(n: int, cores: int) -> list[dict]:
         stages_of[label] = rule_benchmarks(res_dir)
         results[label] = {
             "total_wall_s": r.wall, "median_dataset_s": median(per),
-            "compile_s": stamp["compile_seconds"] if not stamp["hit"] else 0.0,
+            "compile_s": compile_s,
             "peak_rss_mib": mib(r.peak_rss_largest),
             "note": f"{len(manifests)} fit jobs (batch_size auto); {stamp['line']}",
         }
@@ -357,7 +370,7 @@ def compare(n: int, cores: int) -> list[dict]:
     # 5. the fixed-cost floor of any Snakemake sweep that samples with nutpie in a job --------------
     phase("floor: snakemake start-up (dry run, nothing to do) and one job's imports (pymc, nutpie)")
     floor = {
-        "snakemake start-up": median(run_tracked([*cmd, "--dry-run"], env=child_env(), cwd=REPO).check().wall
+        "snakemake start-up": median(run_tracked([*cmd(), "--dry-run"], env=child_env(), cwd=REPO).check().wall
                                      for _ in range(3)),
         "import pymc + nutpie": median(run_tracked([PY, "-c", "import pymc, nutpie"], env=child_env()).check().wall
                                        for _ in range(3)),
@@ -455,11 +468,11 @@ def scaling(ns: list[int], cores: int) -> None:
         data = write_tiny(n, root / f"n{n}" / "data")
         res_dir = root / f"n{n}" / "results"
         config = {"model": str(MODEL), "datasets": [str(data[0].parent / "*.csv")], "sampler": sampler,
-                  "cache_dir": str(cache), "results_dir": str(res_dir)}
+                  "columns": example_columns(), "cache_dir": str(cache), "results_dir": str(res_dir)}
         config_path, cmd = snakemake_run(config, root / f"n{n}", cores)
         phase(f"scaling N={n}: fill the cache (snakemake's compile job, not measured)")
         stamp = compile_stamp_path(load_config(config_path))  # the compile rule's output: then warm skips it
-        run_tracked([*cmd[:-1], stamp], env=child_env(), cwd=REPO).check()
+        run_tracked(cmd(stamp), env=child_env(), cwd=REPO).check()
         shutil.rmtree(res_dir, ignore_errors=True)
         phase(f"scaling N={n}: pure sampling of {min(n, 100)} datasets in one process")
         spec = root / f"n{n}" / "pure.json"
@@ -469,7 +482,7 @@ def scaling(ns: list[int], cores: int) -> None:
                             "--sampler", json.dumps(sampler)], env=child_env(cache / "pytensor")).check()
         pure_per = median(row["sample_s"] for row in pure.json()["rows"])
         phase(f"scaling N={n}: warm snakemake --cores {cores}")
-        r = run_tracked(cmd, env=child_env(), cwd=REPO).check()
+        r = run_tracked(cmd(), env=child_env(), cwd=REPO).check()
         stages = rule_benchmarks(res_dir)
         row = {"n_datasets": n, "cores": cores, "total_wall_s": round(r.wall, 2),
                "per_dataset_s": round(r.wall / n, 4), "pure_per_dataset_s": round(pure_per, 4),
