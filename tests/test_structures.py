@@ -16,6 +16,7 @@ import pytest
 import xarray as xr
 from posterior_checks import assert_same_posterior
 
+from batchfit.check import check_model
 from batchfit.config import config_from_dict
 from batchfit.fit import fit_batch
 
@@ -85,8 +86,8 @@ def sweep(tmp_path: Path, source: str, frames: dict[str, pd.DataFrame], session_
     return config
 
 
-def reference(config, dataset_id: str) -> xr.Dataset:
-    """pm.sample with nutpie on the dataset, loaded exactly as batchfit loads it."""
+def reference(config, dataset_id: str, **sample) -> xr.Dataset:
+    """pm.sample with nutpie (or as ``sample`` says) on the dataset, loaded exactly as batchfit loads it."""
     import pymc as pm
 
     from batchfit.coding import sweep_coding
@@ -96,8 +97,8 @@ def reference(config, dataset_id: str) -> xr.Dataset:
     paths = discover_datasets(config)
     dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
     with build_model(load_model_file(config.model), dataset):
-        return pm.sample(draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, nuts_sampler="nutpie",
-                         random_seed=17, progressbar=False).posterior
+        settings = {"draws": SAMPLER["draws"], "tune": SAMPLER["tune"], "nuts_sampler": "nutpie", **sample}
+        return pm.sample(chains=2, random_seed=17, progressbar=False, **settings).posterior
 
 
 def attrs_and_posterior(config, dataset_id: str) -> tuple[dict, xr.Dataset]:
@@ -191,6 +192,79 @@ def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callba
     attrs, posterior = attrs_and_posterior(config, "d")
     assert attrs["sampler_path"] == "nutpie"
     assert_same_posterior(posterior, reference(config, "d"), label="d")
+
+# A slope known to be a whole number: a discrete free variable, which NUTS cannot sample. pm.sample
+# gives it PyMC's Metropolis (and the intercept and noise NUTS); nutpie refuses the model. (It mixes
+# well, so the posteriors can be compared in Monte Carlo error; a change point's often does not.)
+DISCRETE_FREE = textwrap.dedent("""\
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            x = pm.Data("x", data["x"])
+            y = pm.Data("y", data["y"])
+            k = pm.Binomial("k", n=10, p=0.5)
+            mu = pm.Normal("mu", 0.0, 5.0)
+            sigma = pm.HalfNormal("sigma", 2.0)
+            pm.Normal("obs", mu + k * x, sigma, observed=y, shape=x.shape)
+        return model
+""")
+
+
+def whole_slope(seed: int, slope: int, n_rows: int = 40) -> pd.DataFrame:
+    x = np.linspace(-1.0, 1.0, n_rows)
+    return pd.DataFrame({"x": x, "y": 1.0 + slope * x + np.random.default_rng(seed).normal(0.0, 2.0, n_rows)})
+
+
+def test_a_model_with_discrete_free_variables_is_fitted_by_pm_samples_own_step_methods(tmp_path, session_cache):
+    """Not a dead end: each dataset is sampled as plain ``pm.sample()`` samples this model (NUTS and
+    Metropolis), with one warning naming the variable, and the posterior is its own data's."""
+    frames = {"three": whole_slope(1, 3), "seven": whole_slope(2, 7)}
+    settings = {"draws": 1000, "tune": 1000}
+    config = sweep(tmp_path, DISCRETE_FREE, frames, session_cache, sampler={**SAMPLER, **settings}, columns={})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fit_batch(config, sorted(frames), batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"] * len(frames), report.outcomes
+    messages = [str(w.message) for w in caught if "PyMC's own step methods" in str(w.message)]
+    assert len(messages) == 1 and "discrete free variable(s) k:" in messages[0], messages
+    checked = check_model(config)  # says so before any sampling, too
+    [bucket] = checked.buckets.values()
+    assert bucket.path == "pymc" and "variable(s) k:" in bucket.reasons[0] and not checked.ok
+    assert "pm.sample's own step methods" in "\n".join(checked.lines())
+    for name in frames:
+        attrs, posterior = attrs_and_posterior(config, name)
+        assert attrs["sampler_path"] == "pymc" and attrs["compile_key"] == ""
+        # nuts_sampler=None: what pm.sample picks for the model itself (PyMC's samplers here)
+        assert_same_posterior(posterior, reference(config, name, nuts_sampler=None, cores=1, **settings), label=name)
+
+
+# Only a discrete free variable: no NUTS step at all, so no NUTS settings and no divergences.
+ONLY_DISCRETE = textwrap.dedent("""\
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            y = pm.Data("y", data["y"])
+            k = pm.Binomial("k", n=20, p=0.5)
+            pm.Normal("obs", k, 2.0, observed=y, shape=y.shape)
+        return model
+""")
+
+
+def test_a_model_with_only_discrete_free_variables_is_fitted_and_records_no_divergences(tmp_path, session_cache):
+    frames = {"d": pd.DataFrame({"y": np.random.default_rng(4).normal(13.0, 2.0, 5).round(3)})}
+    config = sweep(tmp_path, ONLY_DISCRETE, frames, session_cache, columns={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = fit_batch(config, ["d"], batch_id="b")
+    assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
+    attrs, posterior = attrs_and_posterior(config, "d")
+    assert attrs["sampler_path"] == "pymc"
+    assert_same_posterior(posterior, reference(config, "d", nuts_sampler=None, cores=1), label="d")
+    with xr.open_datatree(config.fit_path("d")) as tree:  # collect counts divergences from it
+        assert not tree["sample_stats"]["diverging"].values.any()
+
 
 @pytest.mark.parametrize("n_rows", [30])
 def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, session_cache, n_rows):

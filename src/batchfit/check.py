@@ -8,10 +8,10 @@ It loads every dataset and builds its model (cheap Python), as the fit stage doe
 * the structure buckets: which datasets build which model structure, and for datasets that
   differ from the reference, the variables and the constants that differ (a value computed
   from the data and baked in, such as ``np.log(y.mean())`` in a prior, shows up here);
-* the path each structure will take: batchfit's cached callbacks, or nutpie's own compile
+* the path each structure will take: batchfit's cached callbacks, nutpie's own compile
   (with the reason: an op numba runs in object mode or cannot cache, a shared variable that is
   not ``pm.Data``, ...), found by building and compiling each structure's graphs as the
-  compile stage does.
+  compile stage does, or ``pm.sample``'s own step methods (discrete free variables).
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from batchfit.config import Config
 from batchfit.data import coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, DatasetError, one_line
 from batchfit.fingerprint import structure_of
-from batchfit.structures import CACHED, NUTPIE
+from batchfit.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
+
+_PATHS = {CACHED: "batchfit cached callbacks", NUTPIE: "nutpie's own compile (slower)",
+          PYMC: "pm.sample's own step methods (much slower)"}
 
 
 @dataclass
@@ -36,12 +39,12 @@ class Bucket:
     id: str
     datasets: list[str] = field(default_factory=list)
     path: str = CACHED
-    reasons: list[str] = field(default_factory=list)  # why nutpie's path, one per finding
+    reasons: list[str] = field(default_factory=list)  # why a slower path, one per finding
     differences: list[str] = field(default_factory=list)  # how it differs from the reference's
 
     def lines(self) -> list[str]:
         head = (f"structure {self.id[:12]}: {len(self.datasets)} dataset(s) ({_ids(self.datasets)}), "
-                f"{'batchfit cached callbacks' if self.path == CACHED else "nutpie's own compile (slower)"}")
+                f"{_PATHS[self.path]}")
         return [head, *(f"    differs: {d}" for d in self.differences),
                 *(f"    not fully compiled: {r}" for r in self.reasons)]
 
@@ -64,7 +67,7 @@ class CheckReport:
 
     @property
     def fallbacks(self) -> list[str]:
-        """Every reason a structure takes nutpie's own path."""
+        """Every reason a structure takes a slower path (nutpie's own compile, or pm.sample's)."""
         return [reason for bucket in self.buckets.values() for reason in bucket.reasons]
 
     def lines(self) -> list[str]:
@@ -76,10 +79,10 @@ class CheckReport:
         for bucket in self.buckets.values():
             out += [f"  {line}" for line in bucket.lines()]
         out += [f"  {problem}" for problem in self.problems]
-        slow = sum(bucket.path == NUTPIE for bucket in self.buckets.values())
+        slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
         out.append("check: ok" if self.ok else
                    f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.problems)} sweep problem(s), "
-                   f"{slow} structure(s) on nutpie's slower path, {len(self.own_compiles)} dataset(s) with a "
+                   f"{slow} structure(s) on a slower path, {len(self.own_compiles)} dataset(s) with a "
                    "compile of their own")
         return out
 
@@ -129,6 +132,10 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     for structure, bucket in report.buckets.items():
         if structure != reference_structure:
             bucket.differences = structure_differences(ref.model, representatives[structure])
+        needs_pymc = pymc_path_reason(representatives[structure])
+        if needs_pymc:
+            bucket.path, bucket.reasons = PYMC, [needs_pymc]
+            continue
         bucket.reasons = fast_path_problems(representatives[structure])
         bucket.path = NUTPIE if bucket.reasons else CACHED
     if len(report.buckets) > config.max_structures:

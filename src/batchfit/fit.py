@@ -40,7 +40,7 @@ from batchfit.modelfile import (
     requirements,
 )
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
-from batchfit.structures import CACHED, NUTPIE, Structure, Structures
+from batchfit.structures import CACHED, NUTPIE, PYMC, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
 log = logging.getLogger("batchfit")
@@ -179,6 +179,8 @@ class Fitter:
         """How the reference structure was obtained, for the job's log and manifest."""
         if self.reference.compiled is not None:
             return self.reference.compiled.report.line()
+        if self.reference.path == PYMC:
+            return f"pm.sample's own step methods for structure {self.reference.id[:12]} ({self.reference.reason})"
         return f"nutpie's own compile for structure {self.reference.id[:12]} ({self.reference.reason})"
 
     def build(self, dataset: Dataset) -> Any:
@@ -207,6 +209,8 @@ class Fitter:
         An error building the sampler model is kept for `result`, which then tries nutpie's own compile.
         """
         sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
+        if structure.path == PYMC:  # pm.sample builds its own sampler, in `result`
+            return sampling
         try:
             sampling.model = structure.sampler_model(model)
         except Exception as exc:  # noqa: BLE001 - `result` retries it or reports it with the dataset
@@ -215,7 +219,7 @@ class Fitter:
 
     def start(self, sampling: Sampling, *, threads: int) -> None:
         """Start sampling in nutpie's own threads (outside the GIL) and return at once."""
-        if sampling.error is not None:
+        if sampling.error is not None or sampling.model is None:  # nothing to start (PyMC's path samples in `result`)
             return
         try:
             sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
@@ -231,6 +235,9 @@ class Fitter:
         when pm.sample would fail on it too, and its error says so.
         """
         seed, path = sampling.seed, structure.path
+        if path == PYMC:
+            return self.finish(self._pymc_sample(model, dataset, seed), model, dataset, structure, seed,
+                               provenance, path)
         try:
             if sampling.error is not None:
                 raise sampling.error
@@ -273,6 +280,27 @@ class Fitter:
                 log.warning("nutpie's chain threads did not end within a minute after a failed sample")
             raise
 
+    def _pymc_sample(self, model: Any, dataset: Dataset, seed: int) -> Any:
+        """``pm.sample`` with PyMC's own step methods (for discrete free variables), the sweep's settings.
+
+        One chain after another (``cores=1``): PyMC runs parallel chains in forked processes, and
+        this process may have nutpie's chain threads running for other datasets of the batch.
+        """
+        import pymc as pm
+        from pymc.vartypes import continuous_types
+
+        s = self.config.sampler
+        # target_accept is NUTS's; pm.sample refuses settings for a step method it does not use
+        nuts = {"nuts": {"target_accept": s.target_accept}} if any(
+            rv.dtype in continuous_types for rv in model.free_RVs) else {}
+        try:
+            return pm.sample(draws=s.draws, tune=s.tune, chains=s.chains, cores=1, random_seed=seed,
+                             nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
+                             model=model, **nuts)
+        except Exception as exc:
+            raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) in pm.sample with "
+                                f"PyMC's own step methods, so pm.sample fails on it too: {one_line(exc)}") from exc
+
     def finish(self, tree: Any, model: Any, dataset: Dataset, structure: Structure, seed: int,
                provenance: Provenance, path: str) -> Any:
         """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
@@ -284,6 +312,10 @@ class Fitter:
         with structure.loaded(model):  # the extras read the template; other datasets are sampling meanwhile
             groups.update(structure.extras.compute(model, tree, seed))  # before dropping: they may read any variable
         groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
+        if "diverging" not in tree["sample_stats"].data_vars:  # PyMC's path with no NUTS step: none can diverge
+            sizes = groups["posterior"].sizes
+            groups["sample_stats"] = tree["sample_stats"].to_dataset().assign(
+                diverging=(("chain", "draw"), np.zeros((sizes["chain"], sizes["draw"]), dtype=bool)))
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({

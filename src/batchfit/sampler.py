@@ -126,6 +126,7 @@ class SamplerFunctions:
     def __init__(self, template: Any):
         import pytensor
         from pymc.initial_point import make_initial_point_fn
+        from pymc.vartypes import continuous_types
 
         self.template = template
         self.slots = [slot_of(var, template) for var in swappable_inputs(template)]
@@ -139,7 +140,9 @@ class SamplerFunctions:
         # the process numba's start-up: the sampler's hot code comes ready-made from the cache.
         with pytensor.config.change_flags(mode="FAST_COMPILE"):
             self._point_fn = make_initial_point_fn(
-                model=template, jitter_rvs=set(template.free_RVs), return_transformed=True
+                # only continuous variables are jittered: a discrete one (PyMC's path) cannot hold the noise
+                model=template, jitter_rvs={rv for rv in template.free_RVs if rv.dtype in continuous_types},
+                return_transformed=True,
             )
         self._shape_fn = pytensor.function(
             free_values, [v.shape for v in remaining], mode="FAST_COMPILE", on_unused_input="ignore"

@@ -5,7 +5,9 @@ from the data as a Python int): each structure gets its own content-addressed ca
 compiled once for every job and later sweep. A structure batchfit's cached callbacks cannot
 take (a shared variable that is not ``pm.Data``, an operation numba cannot cache, ...) is
 fitted through nutpie's own ``compile_pymc_model``, which is what ``pm.sample(nuts_sampler=
-"nutpie")`` runs: slower (compiled once per job and per set of sizes), never a dead end.
+"nutpie")`` runs: slower (compiled once per job and per set of sizes), never a dead end. A
+structure with discrete free variables, which neither nutpie nor batchfit's callbacks can
+sample, is fitted by ``pm.sample`` with PyMC's own step methods, as ``pm.sample`` itself does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger("batchfit")
 
 CACHED = "cached"  # batchfit's callbacks from the shared cache
 NUTPIE = "nutpie"  # nutpie's compile_pymc_model, as pm.sample runs it
+PYMC = "pymc"  # pm.sample with PyMC's own step methods: for discrete free variables
 
 
 @dataclass
@@ -44,7 +47,7 @@ class Structure:
     template: Any
     extras: ExtraGroups
     compiled: CompiledModel | None = None
-    reason: str | None = None  # why the cached path could not take it
+    reason: str | None = None  # why the cached path could not take it (or nutpie's, on PyMC's path)
     _nutpie: dict[tuple, Any] = field(default_factory=dict)
     _loader: SamplerFunctions | None = None
 
@@ -81,6 +84,19 @@ class Structure:
         names = {var.name for var in compiled.shared_var_keys}
         return compiled.with_data(**{name: var.get_value() for name, var in data_containers(model).items()
                                      if name in names})
+
+
+def pymc_path_reason(model: Any) -> str:
+    """Why ``model`` needs PyMC's own step methods ('' if it does not): free variables NUTS cannot
+    sample, which PyMC gives Metropolis and kin (`pymc.step_methods.assign_step_methods`) and
+    which nutpie refuses."""
+    from pymc.vartypes import discrete_types
+
+    discrete = [rv.name for rv in model.free_RVs if rv.dtype in discrete_types]
+    if not discrete:
+        return ""
+    return (f"discrete free variable(s) {', '.join(discrete)}: nutpie and batchfit's cached path "
+            "sample only continuous ones")
 
 
 def _sizes_and_baked_values(model: Any) -> tuple:
@@ -128,6 +144,7 @@ class Structures:
         self.cache = cache
         self.known: dict[str, Structure] = {}
         self._warned = False  # about datasets with a compile of their own, once per job
+        self._pymc_warned: set[str] = set()  # structures on PyMC's path, warned about once each
 
     def for_model(self, model: Any, source: ModelSource, *, baked: str = "") -> Structure:
         """The structure of ``model`` (built from ``source``), compiling it on first sight.
@@ -135,6 +152,9 @@ class Structures:
         ``baked`` describes the dataset's values baked into the model ('' for none).
         """
         structure_id = structure_of(model)
+        needs_pymc = pymc_path_reason(model)
+        if needs_pymc:
+            return self._pymc(structure_id, model, source, needs_pymc, baked)
         if baked:
             return self._own_compile(structure_id, model, source, (
                 f"{baked}. Such a dataset is fitted by a compile of its own; to fit every dataset with one "
@@ -167,6 +187,28 @@ class Structures:
                           "slower, and never cached.)", stacklevel=3)
         log.info("%s: fitted through nutpie's own compile (values baked into the model)", source.dataset_id)
         return Structure(structure_id, NUTPIE, model, self._extras(model), reason=reason)
+
+    def _pymc(self, structure_id: str, model: Any, source: ModelSource, reason: str, baked: str) -> Structure:
+        """A structure with discrete free variables: each dataset is sampled by ``pm.sample`` with
+        PyMC's own step methods (NUTS for the continuous variables, Metropolis and kin for the
+        discrete ones), which is what ``pm.sample`` runs for such a model. Nothing is cached; it
+        compiles for every dataset and samples in Python, so it is much slower. Warned about once
+        per structure; kept per structure unless values are baked in (then the template is the
+        dataset's own)."""
+        found = None if baked else self.known.get(structure_id)
+        if found is not None:
+            return found
+        if structure_id not in self._pymc_warned:
+            self._pymc_warned.add(structure_id)
+            warnings.warn(f"model structure {structure_id[:12]} (first met in dataset '{source.dataset_id}') "
+                          f"has {reason}, so its datasets are fitted by pm.sample with PyMC's own step methods "
+                          "(NUTS for the continuous variables, Metropolis for the discrete ones), as pm.sample "
+                          "does for this model: much slower, compiled for every dataset and never cached.",
+                          stacklevel=3)
+        structure = Structure(structure_id, PYMC, model, self._extras(model), reason=reason)
+        if not baked:
+            self.known[structure_id] = structure
+        return structure
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
         try:
