@@ -4,10 +4,12 @@ nutpie drives the sampler through ``logp`` (log density and gradient) and ``expa
 draw's full set of variables). nutpie's own callbacks close over the data arrays and the
 compiled PyTensor function, which numba refuses to cache. batchfit generates its own instead,
 whose only inputs are nutpie's arguments and a *user-data record*: an int64 array holding the
-number of parameters, the number of expanded values, and for each data input its address and
-shape. Nothing dataset-specific is compiled in, so the callbacks are cached by numba under a
-content key, and one compiled pair serves every dataset of the same structure, whatever its
-lengths: datasets differ only in the record.
+number of parameters, the number of expanded values, for each free parameter its start in
+nutpie's flat vector and its shape, and for each data input its address and shape. The
+callbacks cut the parameters out of the flat vector as arrays of their own shapes and pass them,
+with the data, to the compiled PyTensor function. Nothing dataset-specific is compiled in, so
+the callbacks are cached by numba under a content key, and one compiled pair serves every
+dataset of the same structure, whatever its lengths: datasets differ only in the record.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ HEADER = 2  # record[0] = number of parameters, record[1] = number of expanded v
 
 @dataclass(frozen=True)
 class Slot:
-    """One data input of the compiled functions: a ``pm.Data`` container or a dimension length."""
+    """One input of the compiled functions: a free parameter, a ``pm.Data`` container or a dimension length."""
 
-    kind: str  # "data", "dim", or "shape" (the runtime shape of a free parameter)
+    kind: str  # "param" (a free parameter's value, cut from nutpie's flat vector), "data" or "dim"
     name: str
     ndim: int
     dtype: str
@@ -49,7 +51,8 @@ class WrapperSpec:
         return tuple(dict.fromkeys((*self.logp, *self.expand)))
 
     def offsets(self) -> dict[Slot, int]:
-        """Position of each slot's address in the record; its shape follows."""
+        """Position of each slot in the record: a parameter's start in the flat vector, or a data
+    input's address; its shape follows."""
         offsets, pos = {}, HEADER
         for slot in self.slots:
             offsets[slot] = pos
@@ -68,17 +71,32 @@ class WrapperSpec:
 
 
 def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[list[str], str]:
-    """Source lines turning record entries into arrays, and the argument list for the inner call."""
+    """Source lines turning record entries into arrays, and the argument list for the inner call.
+
+    A parameter is a reshaped view of its stretch of ``x`` (a copy in its own dtype if that is
+    not float64); a data input is an array at the recorded address.
+    """
     lines = []
     for i, slot in enumerate(slots):
         pos = offsets[slot]
-        dims = "".join(f"rec[{pos + 1 + d}], " for d in range(slot.ndim))
-        lines.append(f"        a{i} = carray(as_ptr(rec[{pos}]), ({dims}), {np.dtype(slot.dtype).name}_)")
-    return lines, "".join(f", a{i}" for i in range(len(slots)))
+        dims = [f"rec[{pos + 1 + d}]" for d in range(slot.ndim)]
+        shape = "(" + "".join(f"{d}, " for d in dims) + ")"
+        if slot.kind == "param":
+            size = " * ".join(dims) or "1"
+            cast = "" if slot.dtype == "float64" else f".astype({np.dtype(slot.dtype).name}_)"
+            lines.append(f"        a{i} = x[rec[{pos}]:rec[{pos}] + {size}]{cast}.reshape({shape})")
+        else:
+            lines.append(f"        a{i} = carray(as_ptr(rec[{pos}]), {shape}, {np.dtype(slot.dtype).name}_)")
+    return lines, ", ".join(f"a{i}" for i in range(len(slots)))
 
 
 def wrapper_source(spec: WrapperSpec, kind: str) -> str:
-    """Python source of the logp or expand callback for nutpie's C interface."""
+    """Python source of the logp or expand callback for nutpie's C interface.
+
+    Results are copied element by element after a length check, not by slice assignment
+    (``out[:] = grad``): numba compiles a slice assignment's shape-mismatch error, whose message
+    it formats at run time, and compiling that string formatting took ~3 s of every cold compile.
+    """
     offsets = spec.offsets()
     reads, args = _slot_reads(getattr(spec, kind), offsets)
     size = spec.record_length()
@@ -95,9 +113,12 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
             "        logp = carray(logp_, ())",
         ]
         tail = [
-            f"        value, grad = inner(x{args})",
+            f"        value, grad = inner({args})",
+            "        if grad.shape[0] != n:",
+            "            return 1",
             "        logp[()] = value",
-            "        out[:] = grad",
+            "        for i in range(n):",
+            "            out[i] = grad[i]",
             "        if not np.isfinite(value):",
             "            return 4",
             "        if not np.all(np.isfinite(out)):",
@@ -119,8 +140,11 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
             "        out = carray(out_, (m,))",
         ]
         tail = [
-            f"        (values,) = inner(x{args})",
-            "        out[:] = values",
+            f"        (values,) = inner({args})",
+            "        if values.shape[0] != m:",
+            "            return -2",
+            "        for i in range(m):",
+            "            out[i] = values[i]",
             "    except Exception:",
             "        return -2",
             "    return 0",

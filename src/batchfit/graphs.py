@@ -1,8 +1,9 @@
 """The graphs batchfit compiles for a model, their content address, and their compilation.
 
-The free parameters arrive as one flat vector and their shapes as runtime inputs, so one compile
-serves every dataset of a structure whatever its lengths; data enter as shared variables, each
-a slot of the callbacks' user-data record (see :mod:`batchfit.callbacks`).
+The free parameters are the compiled functions' inputs, each an array of its own rank whose
+lengths are read at run time, so one compile serves every dataset of a structure whatever its
+lengths; the callbacks cut them out of nutpie's flat vector (see :mod:`batchfit.callbacks`).
+Data enter as shared variables, each a slot of the callbacks' user-data record.
 """
 
 from __future__ import annotations
@@ -51,56 +52,43 @@ class SamplerGraphs:
     log density by PyTensor (whose version is in the key), so it is built only for compiling.
     """
 
-    inputs: tuple[Any, ...]
+    inputs: tuple[Any, ...]  # the free parameters' value variables, in nutpie's order
     logp: Any
     expanded: Any
     spec: WrapperSpec
-    _model_logp: Any
-    _values: tuple[Any, ...]
-    _cuts: dict[Any, Any]
 
     @classmethod
     def of(cls, model: Any) -> SamplerGraphs:
-        """Graphs of nutpie's two callbacks with every parameter size a runtime input.
+        """Graphs of nutpie's two callbacks, with the value variables as inputs.
 
-        The free parameters arrive as one flat vector; each is cut out and reshaped with a shape
-        vector that is an *input* (one per parameter, filled in from the record), so a dataset
-        with more groups needs no new compile.
+        The generated callbacks cut each parameter out of nutpie's flat vector as an array of
+        the value variable's rank, with the lengths the record gives (see
+        :mod:`batchfit.callbacks`): a dataset with more groups needs no new compile. Cutting
+        there rather than in the graph keeps the graphs to what PyMC builds (compiling the cut
+        and its shape checks in PyTensor cost numba ~40% more time, for the example model).
         """
         import pytensor.tensor as pt
-        from pytensor.graph.replace import clone_replace
 
-        flat = pt.dvector("__batchfit_flat")
         values = tuple(model.rvs_to_values[rv] for rv in model.free_RVs)
-        shapes = [pt.lvector(f"__batchfit_shape_{v.name}", shape=(v.type.ndim,)) for v in values]
-        sizes = [pt.prod(s, dtype="int64") for s in shapes]
-        ends = pt.cumsum(pt.stack(sizes)) if sizes else []
-        cuts = {}
-        for i, (value, shape) in enumerate(zip(values, shapes, strict=True)):
-            start = ends[i - 1] if i else 0
-            cuts[value] = flat[start:ends[i]].reshape(shape, ndim=value.type.ndim).astype(value.type.dtype)
-        model_logp = model.logp()
+        logp = model.logp()
         remaining = [v for v in model.unobserved_value_vars if v not in values]
         expanded = pt.concatenate([*(v.ravel() for v in values),
                                    *(pt.as_tensor(v, allow_xtensor_conversion=True).ravel() for v in remaining)])
-        logp, expanded = clone_replace([model_logp, expanded.astype("float64")], cuts)
-        inputs = (flat, *shapes)
-        shape_slots = tuple(Slot("shape", v.name, 1, "int64") for v in values)
+        expanded = expanded.astype("float64")
+        params = tuple(Slot("param", v.name, v.type.ndim, v.type.dtype) for v in values)
         spec = WrapperSpec(
-            logp=(*shape_slots, *(slot_of(v, model) for v in _shared_inputs(inputs, [logp]))),
-            expand=(*shape_slots, *(slot_of(v, model) for v in _shared_inputs(inputs, [expanded]))),
+            logp=(*params, *(slot_of(v, model) for v in _shared_inputs(values, [logp]))),
+            expand=(*params, *(slot_of(v, model) for v in _shared_inputs(values, [expanded]))),
         )
-        return cls(inputs, logp, expanded, spec, model_logp, values, cuts)
+        return cls(values, logp, expanded, spec)
 
     def logp_and_gradient(self) -> list[Any]:
         """The logp callback's outputs: the log density and its gradient as one flat vector."""
         import pytensor.tensor as pt
-        from pytensor.graph.replace import clone_replace
 
-        grads = pt.grad(self._model_logp, list(self._values)) if self._values else []
+        grads = pt.grad(self.logp, list(self.inputs)) if self.inputs else []
         grad = pt.concatenate([g.ravel() for g in grads]) if grads else pt.zeros((0,))
-        (grad,) = clone_replace([grad.astype("float64")], self._cuts)
-        return [self.logp, grad]
+        return [self.logp, grad.astype("float64")]
 
     def fingerprint(self) -> str:
         """Content address of the compiled graphs and of the callback source generated for them."""
@@ -133,10 +121,10 @@ def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None) -
         logp_fn = compile_pymc(list(graphs.inputs), graphs.logp_and_gradient(), mode="NUMBA",
                                on_unused_input="ignore")
         expand_fn = compile_pymc(list(graphs.inputs), [graphs.expanded], mode="NUMBA", on_unused_input="ignore")
-    n_shapes = len(model.free_RVs)
+    n_params = len(graphs.inputs)
     compiled = WrapperSpec(
-        logp=(*graphs.spec.logp[:n_shapes], *(slot_of(v, model) for v in logp_fn.get_shared())),
-        expand=(*graphs.spec.expand[:n_shapes], *(slot_of(v, model) for v in expand_fn.get_shared())),
+        logp=(*graphs.spec.logp[:n_params], *(slot_of(v, model) for v in logp_fn.get_shared())),
+        expand=(*graphs.spec.expand[:n_params], *(slot_of(v, model) for v in expand_fn.get_shared())),
     )
     if compiled != graphs.spec:  # the key covered the predicted callback source: it must be the real one
         raise BatchfitError(f"PyTensor ordered the compiled functions' data inputs unexpectedly: "

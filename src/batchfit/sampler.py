@@ -53,14 +53,18 @@ class CompiledModel:
         ends = np.cumsum([0, *sizes])
         n_dim = int(ends[len(free_shapes)])
         n_expanded = int(ends[-1])
-        values = dict(loaded)
-        for name, shape in zip(self.functions.free_names, free_shapes, strict=True):
-            values[Slot("shape", name, 1, "int64")] = np.array(shape, dtype=np.int64)
+        # a parameter's entry is its start in nutpie's flat vector; a data input's, its address
+        starts = ends[:len(free_shapes)]
+        params = {name: (int(start), shape)
+                  for name, start, shape in zip(self.functions.free_names, starts, free_shapes, strict=True)}
         record = np.zeros(self.spec.record_length(), dtype=np.int64)
         record[0], record[1] = n_dim, n_expanded
         for slot, pos in self.spec.offsets().items():
-            record[pos] = values[slot].ctypes.data
-            record[pos + 1: pos + 1 + slot.ndim] = values[slot].shape
+            if slot.kind == "param":
+                record[pos], shape = params[slot.name]
+            else:
+                record[pos], shape = loaded[slot].ctypes.data, loaded[slot].shape
+            record[pos + 1: pos + 1 + slot.ndim] = shape
         slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
         return nutpie_model(
             dims=dims,
@@ -68,7 +72,7 @@ class CompiledModel:
             logp=self.logp,
             expand=self.expand,
             initial_point=self.functions.initial_point(self.functions.free_names, loaded),
-            data={slot.name + ":" + slot.kind: v for slot, v in values.items()},
+            data={slot.name + ":" + slot.kind: v for slot, v in loaded.items()},
             record=record,
             names=names,
             slices=slices,
