@@ -19,7 +19,7 @@ from test_pipeline import snakemake, write_sweep
 from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
-from batchfit.plots import forest_draws, forest_figure
+from batchfit.plots import forest_draws, forest_figure, plot_health
 from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -93,6 +93,16 @@ def test_summary_view_draws_arviz_intervals_sorted_by_mean(tmp_path, ci_kind):
     order = np.argsort(draws.mean(["chain", "draw"]).values, kind="stable")
     np.testing.assert_allclose(segments[:, 0, 0], reference.values[order, 0])
     np.testing.assert_allclose(segments[:, 1, 0], reference.values[order, 1])
+
+
+def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):
+    """summary.csv as collect writes it when every dataset is ok: its message column is empty."""
+    rows = [{"dataset": f"ds_{i}", "parameter": "mu", "status": "ok", "message": "", "divergences": 0,
+             "max_r_hat": 1.0, "min_ess_bulk": 900.0, "structure": "s", "sampler_path": "cached"} for i in range(3)]
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    plot_health(summary, tmp_path / "health.png")
+    assert (tmp_path / "health.png").stat().st_size > 0
 
 
 def missing(message: str) -> None:

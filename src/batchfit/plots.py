@@ -51,7 +51,8 @@ def status_counts(datasets: pd.DataFrame) -> dict[str, int]:
 
 def reason_counts(datasets: pd.DataFrame) -> dict[str, int]:
     """Warning datasets per health threshold crossed (a dataset may cross several)."""
-    messages = datasets.loc[datasets["status"] == "warning", "message"].fillna("")
+    # astype(str): read from a summary.csv without one message, the column holds floats (all NaN)
+    messages = datasets.loc[datasets["status"] == "warning", "message"].fillna("").astype(str)
     return {reason: int(messages.str.contains(reason, regex=False).sum()) for reason in REASONS}
 
 
