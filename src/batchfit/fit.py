@@ -267,18 +267,18 @@ class Fitter:
         return self.result(sampling, model, dataset, structure, threads=threads, provenance=provenance)
 
     def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int, *, blocking: bool = True) -> Any:
-        """nutpie's sample, or with ``blocking=False`` its background sampler (``wait()`` gives the trace)."""
+        """nutpie's sample, or with ``blocking=False`` its background sampler (``wait()`` gives the trace).
+
+        A failed sample's chain threads may outlive it: whoever ends the samples of a process
+        waits for them (`after_sampling`), not this call, since other datasets' samplers may
+        still be running and their threads end only once this thread has taken their results.
+        """
         import nutpie
 
         s = self.config.sampler
-        try:
-            return nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
-                                 cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-                                 progress_bar=False, save_warmup=False, blocking=blocking)
-        except Exception:
-            if blocking and not wait_for_sampler_threads():  # else the process may die at exit (see its docstring)
-                log.warning("nutpie's chain threads did not end within a minute after a failed sample")
-            raise
+        return nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
+                             cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+                             progress_bar=False, save_warmup=False, blocking=blocking)
 
     def _pymc_sample(self, model: Any, dataset: Dataset, seed: int) -> Any:
         """``pm.sample`` with PyMC's own step methods (for discrete free variables), the sweep's settings.
@@ -486,9 +486,19 @@ def fit_datasets(fitter: Fitter, dataset_ids: Sequence[str], paths: dict[str, Pa
     finally:  # with samples running only when the caller stops (on_error: stop, or an interrupt)
         for _, job in running:
             job.sampling.cancel()
-        # A failed sample's chain threads may still be winding down: leave none to the process's exit.
-        if not wait_for_sampler_threads():
-            log.warning("nutpie's chain threads did not end within a minute after the batch")
+        after_sampling()
+
+
+def after_sampling() -> None:
+    """Wait until no nutpie chain thread of this process is left, once none of its samples is wanted.
+
+    A failed sample's chain threads may still be winding down, and a process that exits under
+    them dies (see `compat.wait_for_sampler_threads`). Only called when no sampler is running:
+    the threads of a sampler whose result nobody takes do not end, so waiting while other
+    datasets sample ran into the minute's timeout after every failed sample.
+    """
+    if not wait_for_sampler_threads():
+        log.warning("nutpie's chain threads did not end within a minute after sampling")
 
 
 def _prepare(fitter: Fitter, dataset_id: str, paths: dict[str, Path]) -> DatasetFit | Outcome:

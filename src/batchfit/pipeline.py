@@ -183,7 +183,7 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
     """
     import resource
 
-    from batchfit.fit import one_line
+    from batchfit.fit import after_sampling, one_line
 
     ref = fitter.ref.dataset
     start = time.perf_counter()
@@ -194,6 +194,8 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
         log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.id,
                     one_line(exc))
         return None
+    finally:
+        after_sampling()
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s = config.sampler
