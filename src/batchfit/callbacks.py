@@ -52,7 +52,7 @@ class WrapperSpec:
 
     def offsets(self) -> dict[Slot, int]:
         """Position of each slot in the record: a parameter's start in the flat vector, or a data
-    input's address; its shape follows."""
+        input's address; its shape follows."""
         offsets, pos = {}, HEADER
         for slot in self.slots:
             offsets[slot] = pos

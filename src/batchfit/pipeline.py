@@ -191,11 +191,10 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
         fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
                       provenance=fitter.provenance(ref.id, ref.path))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
+        after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
         log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.id,
                     one_line(exc))
         return None
-    finally:
-        after_sampling()
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s = config.sampler
