@@ -493,3 +493,28 @@ def test_observed_data_group_reads_every_kind_of_observed_value(kind, monkeypatc
     observed_groups, _ = observed_and_constant_data(model)
     np.testing.assert_array_equal(observed_groups["y_obs"][1], y)
     assert len(evaluated) == (kind == "expression")
+
+
+def test_per_process_functions_compile_no_c_code(monkeypatch):
+    """Initial points and shapes run on PyTensor's Python implementations, a Scan's included.
+
+    PyMC's LKJCorr puts a Scan in the initial point, whose inner function PyTensor links with C
+    even under FAST_COMPILE: g++ for seconds in every fit job on an empty cache.
+    """
+    import pymc as pm
+    from pytensor.link.c.op import COp
+
+    from batchfit.sampler import SamplerFunctions
+
+    def no_c(op, *args, **kwargs):
+        raise AssertionError(f"{op} was compiled to C")
+
+    monkeypatch.setattr(COp, "make_c_thunk", no_c)
+    with pm.Model() as model:
+        pm.LKJCorr("corr", n=3, eta=2.0)
+        pm.HalfNormal("sd", 1.5, shape=3)
+    functions = SamplerFunctions(model)
+    free, _ = functions.shapes()
+    assert free == [(3,), (3,)]
+    start = functions.initial_point(functions.free_names, functions.load_values(model))(1)
+    assert start.shape == (6,) and np.isfinite(start).all()

@@ -14,6 +14,7 @@ import numpy as np
 
 from batchfit.config import OutputSettings
 from batchfit.modelfile import swappable_inputs
+from batchfit.python_mode import python_mode
 
 log = logging.getLogger("batchfit")
 
@@ -79,10 +80,9 @@ def warm_extras(template: Any, outputs: OutputSettings) -> None:
 def _initial_point(template: Any) -> dict[str, np.ndarray]:
     """The template's initial values of the free variables (evaluated by PyTensor's Python backend:
     it is needed once, so it is not worth compiling)."""
-    import pytensor
     from pymc.initial_point import make_initial_point_fn
 
-    with pytensor.config.change_flags(mode="FAST_COMPILE"):
+    with python_mode():
         return make_initial_point_fn(model=template, return_transformed=False)(0)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from batchfit.data import DataRequirement, Dataset
 from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.python_mode import python_mode
 
 _MODULES: dict[tuple[Path, str], ModuleType] = {}
 
@@ -212,7 +213,8 @@ def _observed_value(value: Any) -> np.ndarray:
     op = value.owner.op if value.owner else None
     if isinstance(op, Elemwise) and isinstance(op.scalar_op, Cast) and hasattr(value.owner.inputs[0], "get_value"):
         return np.asarray(value.owner.inputs[0].get_value(), dtype=value.dtype)
-    return np.asarray(value.eval(mode="FAST_COMPILE"))
+    with python_mode():
+        return np.asarray(value.eval())
 
 
 def _dims(model: Any, name: str) -> tuple[str, ...] | None:

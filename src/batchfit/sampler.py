@@ -17,6 +17,7 @@ from batchfit.errors import ModelContractError
 from batchfit.fingerprint import structure_of
 from batchfit.graphs import slot_of, slot_variable
 from batchfit.modelfile import swappable_inputs
+from batchfit.python_mode import python_mode
 
 if TYPE_CHECKING:
     from batchfit.compile import CompileReport
@@ -141,20 +142,16 @@ class SamplerFunctions:
         self.reparameterized = [template.rvs_to_values[rv].name for rv in template.free_RVs
                                 if template.rvs_to_transforms.get(rv) is not None]
         # Evaluated once per chain, so PyTensor's Python backend is fast enough, and it spares
-        # the process numba's start-up: the sampler's hot code comes ready-made from the cache.
-        with pytensor.config.change_flags(mode="FAST_COMPILE"):
+        # the process numba's start-up (and g++): the sampler's hot code comes ready-made from the cache.
+        with python_mode():
             self._point_fn = make_initial_point_fn(
                 # only continuous variables are jittered: a discrete one (PyMC's path) cannot hold the noise
                 model=template, jitter_rvs={rv for rv in template.free_RVs if rv.dtype in continuous_types},
                 return_transformed=True,
             )
-        self._shape_fn = pytensor.function(
-            free_values, [v.shape for v in remaining], mode="FAST_COMPILE", on_unused_input="ignore"
-        )
-        unlabelled = [name for name, vals in template.coords.items() if vals is None]
-        self._dim_fn = pytensor.function(
-            [], [template.dim_lengths[name] for name in unlabelled], mode="FAST_COMPILE"
-        )
+            self._shape_fn = pytensor.function(free_values, [v.shape for v in remaining], on_unused_input="ignore")
+            unlabelled = [name for name, vals in template.coords.items() if vals is None]
+            self._dim_fn = pytensor.function([], [template.dim_lengths[name] for name in unlabelled])
         self._unlabelled = unlabelled
         self._lock = threading.Lock()
 

@@ -42,6 +42,7 @@ from batchfit.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.data import Dataset, discover_datasets, load_dataset, table_kind
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError
+from batchfit.python_mode import python_mode
 
 log = logging.getLogger("batchfit")
 
@@ -136,11 +137,12 @@ class Simulator:
         self.columns = observed_columns(model, generator_file(config))
         outputs = [*model.free_RVs, *model.deterministics, *model.observed_RVs]
         self.names = [v.name for v in outputs]
-        # FAST_COMPILE: the function runs once per simulation, so compiling it with numba (seconds
-        # to minutes) would cost far more than it saves.
-        self.function, _ = compile_forward_sampling_function(
-            outputs, vars_in_trace=[], basic_rvs=model.basic_RVs, model=model,
-            mode="FAST_COMPILE", allow_input_downcast=True, accept_inplace=True)
+        # The Python backend: the function runs once per simulation, so compiling it with numba
+        # (seconds to minutes) or g++ would cost far more than it saves.
+        with python_mode():
+            self.function, _ = compile_forward_sampling_function(
+                outputs, vars_in_trace=[], basic_rvs=model.basic_RVs, model=model,
+                allow_input_downcast=True, accept_inplace=True)
         self.rngs = [v for v in self.function.get_shared() if isinstance(v.type, RandomGeneratorType)]
 
     def draw(self, sim_id: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
