@@ -29,6 +29,7 @@ from batchfit.errors import ModelContractError, one_line
 from batchfit.extras import ExtraGroups
 from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
+from batchfit.python_mode import python_mode
 from batchfit.sampler import CompiledModel, SamplerFunctions
 
 log = logging.getLogger("batchfit")
@@ -114,12 +115,14 @@ def _sizes_and_baked_values(model: Any) -> tuple:
 
 
 def _value(length: Any) -> int:
-    """A dimension length: a shared variable, a constant, or (rarely) an expression."""
+    """A dimension length: a shared variable, a constant, or (rarely) an expression, evaluated by
+    PyTensor's Python implementations (its default mode would compile it with numba, per dataset)."""
     if hasattr(length, "get_value"):
         return int(length.get_value())
     if hasattr(length, "data"):
         return int(length.data)
-    return int(length.eval())
+    with python_mode():
+        return int(length.eval())
 
 
 def _shared_variables(model: Any) -> list[Any]:
