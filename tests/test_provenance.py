@@ -122,6 +122,37 @@ def test_the_model_file_counts_by_content_not_by_name(project: Path, session_cac
     assert pending(config_from_dict(settings(project, session_cache, model=str(project / "renamed.py")))) == []
 
 
+def test_an_edited_helper_module_of_the_model_makes_every_dataset_pending(
+        project: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model taking a prior scale from the user's own package (on PYTHONPATH, as an editable
+    install would be): editing that package's module refits every dataset, as editing the model
+    file does; writing back the same content refits nothing."""
+    lib = project / "lib"
+    (lib / "bf_prov_priors").mkdir(parents=True)
+    (lib / "bf_prov_priors" / "__init__.py").write_text("from .scales import SLOPE_SD\n")
+    scales = lib / "bf_prov_priors" / "scales.py"
+    scales.write_text("SLOPE_SD = 2.0\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.setenv("PYTHONPATH", str(lib))  # for a compile worker, should the entry be missing
+    model = project / "model.py"
+    text = model.read_text().replace("import pymc as pm\n", "import pymc as pm\nfrom bf_prov_priors import SLOPE_SD\n")
+    model.write_text(text.replace('pm.Normal("b", 0.0, 2.0)', 'pm.Normal("b", 0.0, SLOPE_SD)'))
+    assert "SLOPE_SD)" in model.read_text()
+    config = config_from_dict(settings(project, session_cache))
+    try:
+        assert run_fit(config) == 0
+        assert pending(config) == []
+        with xr.open_datatree(config.fit_path(IDS[0])) as tree:
+            assert sorted(json.loads(tree.attrs["model_imports"])) == ["bf_prov_priors", "bf_prov_priors.scales"]
+        scales.write_text("SLOPE_SD = 2.5\n")
+        assert pending(config) == IDS
+        scales.write_text("SLOPE_SD = 2.0\n")
+        assert pending(config) == []
+    finally:  # the fit imported them into this process
+        for name in [n for n in sys.modules if n.startswith("bf_prov_priors")]:
+            monkeypatch.delitem(sys.modules, name)
+
+
 def test_a_changed_data_file_makes_only_its_dataset_pending(project: Path, session_cache: Path) -> None:
     config = config_from_dict(settings(project, session_cache))
     data = project / "data" / "shop_001.csv"

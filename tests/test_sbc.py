@@ -161,6 +161,24 @@ def test_more_simulations_fit_only_the_new_ones_and_a_killed_run_resumes(tmp_pat
     assert data_paths(more)["sim-00004"].read_bytes() == data4 and truth_path(more, "sim-00004").exists()
 
 
+def test_an_edited_helper_of_the_simulator_makes_every_simulation_outdated(
+        tmp_path: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator's noise scale from a module of the user's: editing it changes every simulation's
+    digest, so they are drawn again (the plan does this without building anything)."""
+    from batchfit.sbc import simulation_digests
+
+    (tmp_path / "bf_sbc_noise.py").write_text("SCALE = 'sigma'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = _config(tmp_path, session_cache, 3, simulator_scale="sigma")
+    simulator = tmp_path / "simulator.py"
+    simulator.write_text("import bf_sbc_noise\n" + simulator.read_text())
+    before = simulation_digests(config)
+    assert simulation_digests(config) == before
+    (tmp_path / "bf_sbc_noise.py").write_text("SCALE = '2 * sigma'\n")
+    after = simulation_digests(config)
+    assert after.keys() == before.keys() and all(after[s] != before[s] for s in before)
+
+
 def test_a_template_that_is_not_a_dataset_is_a_config_error(tmp_path: Path, session_cache: Path) -> None:
     from batchfit.errors import ConfigError
 

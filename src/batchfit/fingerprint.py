@@ -161,10 +161,9 @@ _OPEN_FUNCTIONS: set[types.FunctionType] = set()
 
 def _is_user_code(func: types.FunctionType) -> bool:
     """A function defined in a model file or another place no library version pins."""
-    from batchfit.compat import library_roots
+    from batchfit.model_imports import is_user_file
 
-    filename = func.__code__.co_filename
-    return not any(filename.startswith(root) for root in library_roots())
+    return is_user_file(func.__code__.co_filename)
 
 
 def _cell_is_set(cell: types.CellType) -> bool:

@@ -1,11 +1,12 @@
 """Provenance of a fit: one digest of everything that determines it, recorded on the fit and checked.
 
-A dataset's fit is determined by the sampler and outputs settings, the model file's content, the
-dataset's data file content, the library versions and batchfit's own code. Their digest is stored
-on every fit (root attribute ``provenance`` of ``fits/{id}.nc``, with the parts it was computed
-from) and in a small sidecar ``fits/{id}.json``. A dataset is pending when the digest its fit
-recorded differs from the one the current config gives: content, never modification times, so
-touching a file refits nothing and a changed setting refits exactly what it affects.
+A dataset's fit is determined by the sampler and outputs settings, the content of the model file
+and of the user's own modules it imports (`batchfit.model_imports`), the dataset's data file
+content, the library versions and batchfit's own code. Their digest is stored on every fit (root
+attribute ``provenance`` of ``fits/{id}.nc``, with the parts it was computed from) and in a small
+sidecar ``fits/{id}.json``. A dataset is pending when the digest its fit recorded differs from
+the one the current config gives: content, never modification times, so touching a file refits
+nothing and a changed setting refits exactly what it affects.
 
 The compile key (recorded as ``compile_key``) is not part of the digest: it is only known after
 building the model, which the plan (run by Snakemake at every parse) must not do. The digest's
@@ -43,6 +44,7 @@ from batchfit import __version__
 from batchfit.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.fingerprint import LIBRARIES
+from batchfit.model_imports import user_imports
 
 # Modules that never run while a fit is produced (command line, collect, plan, simulation, SBC,
 # checks, cache upkeep, this module): editing them refits nothing. Every other module counts,
@@ -106,6 +108,7 @@ def sweep_parts(config: Config, *, model_sha256: str | None = None) -> dict[str,
         "sampler": config.sampler_dict(),
         "outputs": dataclasses.asdict(config.outputs),
         "model_hash": model_sha256 or file_sha256(config.model),
+        "model_imports": user_imports(config.model),
         "versions": versions(),
         "code_hash": code_sha256(),
     }

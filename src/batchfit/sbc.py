@@ -164,16 +164,19 @@ def generator_file(config: Config) -> Path:
 
 
 def simulation_digests(config: Config) -> dict[str, str]:
-    """Each simulation's digest of what determines it: generator and template files (by content),
-    the template's label coding, the seed, its id and the library versions. Cheap: builds nothing."""
+    """Each simulation's digest of what determines it: the generator file, the user modules it
+    imports and the template file (by content), the template's label coding, the seed, its id
+    and the library versions. Cheap: builds nothing."""
     from batchfit.coding import sweep_coding
+    from batchfit.model_imports import user_imports
     from batchfit.provenance import file_sha256, versions
 
     template_id, template_path = template(config)
     if not generator_file(config).is_file():
         raise ConfigError(f"simulator file '{generator_file(config)}' does not exist", key="sbc.simulator",
                           source=config.source)
-    inputs = {"generator_sha256": file_sha256(generator_file(config)), "template": template_id,
+    inputs = {"generator_sha256": file_sha256(generator_file(config)),
+              "generator_imports": user_imports(generator_file(config)), "template": template_id,
               "template_sha256": file_sha256(template_path), "seed": config.sbc.seed, "versions": versions(),
               "coding": sweep_coding(config, discover_datasets(config)).for_dataset(template_id)}
     return {sim: hashlib.sha256(json.dumps({**inputs, "simulation": sim}, sort_keys=True).encode()).hexdigest()
