@@ -86,3 +86,40 @@ def test_coordinate_index_is_of_a_type_nutpie_converts(labels):
     index = coordinate_index(labels)
     assert index.dtype.kind in "ifO"
     assert index.dtype.kind != "i" or index.dtype.itemsize == 8
+
+
+def test_nutpie_trace_is_the_datatree_nutpie_returns():
+    """`compat.nutpie_trace` against nutpie's own conversion of the same sample (same seed: nutpie's
+    draws depend only on it): every value, dim, coordinate, kept stat and attribute but the time.
+
+    The model has what the conversion treats differently: labelled and unlabelled dims, a
+    matrix, a transformed variable (its unconstrained value is dropped), a deterministic.
+    """
+    import nutpie
+    import pymc as pm
+    import xarray as xr
+
+    from batchfit.compat import nutpie_trace
+
+    with pm.Model(coords={"group": ["a", "b", "c"], "year": [2001, 2002]}) as model:
+        mu = pm.Normal("mu", 0.0, 1.0, dims="group")
+        scale = pm.HalfNormal("scale", 1.0)
+        free = pm.Normal("free", 0.0, 1.0, shape=2)  # no dims: arviz names them free_dim_0
+        matrix = pm.Normal("matrix", mu[:, None], scale, dims=("group", "year"))
+        pm.Deterministic("total", matrix.sum() + free.sum())
+    compiled = nutpie.compile_pymc_model(model)
+    settings = {"draws": 150, "tune": 150, "chains": 2, "cores": 2, "seed": 11, "progress_bar": False,
+                "save_warmup": False}
+    theirs = nutpie.sample(compiled, **settings)
+    ours = nutpie_trace(nutpie.sample(compiled, blocking=False, return_raw_trace=True, **settings), compiled)
+
+    assert set(ours.children) == {"posterior", "sample_stats"} <= set(theirs.children)
+    for group in ("posterior", "sample_stats"):
+        mine, reference = ours[group].to_dataset(), theirs[group].to_dataset()
+        xr.testing.assert_identical(mine.drop_attrs(), reference.drop_attrs())
+        assert list(mine.data_vars) == list(reference.data_vars), group
+        for name in mine.data_vars:
+            assert mine[name].dtype == reference[name].dtype, (group, name)
+        assert {k: v for k, v in mine.attrs.items() if k != "created_at"} == \
+               {k: v for k, v in reference.attrs.items() if k != "created_at"}, group
+    assert ours["posterior"].ds["free"].dims == ("chain", "draw", "free_dim_0")

@@ -25,7 +25,7 @@ from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
 from batchfit.coding import Coding, sweep_coding
-from batchfit.compat import wait_for_sampler_threads
+from batchfit.compat import nutpie_trace, wait_for_sampler_threads
 from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
@@ -241,7 +241,7 @@ class Fitter:
         try:
             if sampling.error is not None:
                 raise sampling.error
-            tree = sampling.sampler.wait()
+            tree = nutpie_trace(sampling.sampler, sampling.model)
         except Exception as first:
             if path != CACHED:
                 raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) through nutpie's "
@@ -267,7 +267,8 @@ class Fitter:
         return self.result(sampling, model, dataset, structure, threads=threads, provenance=provenance)
 
     def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int, *, blocking: bool = True) -> Any:
-        """nutpie's sample, or with ``blocking=False`` its background sampler (``wait()`` gives the trace).
+        """nutpie's sample as a DataTree, or with ``blocking=False`` its background sampler
+        (`compat.nutpie_trace` waits for it and gives the DataTree).
 
         A failed sample's chain threads may outlive it: whoever ends the samples of a process
         waits for them (`after_sampling`), not this call, since other datasets' samplers may
@@ -276,9 +277,16 @@ class Fitter:
         import nutpie
 
         s = self.config.sampler
-        return nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
-                             cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-                             progress_bar=False, save_warmup=False, blocking=blocking)
+        sampler = nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
+                                cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+                                progress_bar=False, save_warmup=False, blocking=False, return_raw_trace=True)
+        if not blocking:
+            return sampler
+        try:
+            return nutpie_trace(sampler, sampler_model)
+        except Exception:  # as nutpie.sample(blocking=True) does
+            sampler.cancel()
+            raise
 
     def _pymc_sample(self, model: Any, dataset: Dataset, seed: int) -> Any:
         """``pm.sample`` with PyMC's own step methods (for discrete free variables), the sweep's settings.
