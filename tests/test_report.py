@@ -221,5 +221,7 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
         open_result("5. Provenance", "versions")
         text = shown_page()
         assert compile_key in text and "models/hierarchical.py" in text and "pymc" in text
+        sampled = sorted(xr.open_datatree(f).attrs["created_at"] for f in (results / "fits").glob("*.nc"))
+        assert f"first fit sampled\t{sampled[0]}" in text and f"last fit sampled\t{sampled[-1]}" in text
         context.close()
     assert errors == []

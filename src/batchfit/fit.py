@@ -9,6 +9,7 @@ and sampled with the cached callbacks. A dataset that fails at any stage is reco
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import logging
@@ -328,6 +329,7 @@ class Fitter:
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({
             "batchfit_version": __version__,
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),  # sampled just now
             "dataset": dataset.id,
             "source": str(dataset.path),
             "model_file": str(self.config.model),
