@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import time
 
 import numpy as np
@@ -111,7 +112,11 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
     settings = {"draws": 150, "tune": 150, "chains": 2, "cores": 2, "seed": 11, "progress_bar": False,
                 "save_warmup": False}
     theirs = nutpie.sample(compiled, **settings)
-    ours = nutpie_trace(nutpie.sample(compiled, blocking=False, return_raw_trace=True, **settings), compiled)
+    sampler = nutpie.sample(compiled, blocking=False, return_raw_trace=True, **settings)
+    assert hasattr(sampler, "_settings"), "nutpie's _BackgroundSampler._settings is gone"
+    assert callable(getattr(sys.modules["nutpie.sample"], "_add_arrow_data", None)), \
+        "nutpie.sample._add_arrow_data is gone"
+    ours = nutpie_trace(sampler, compiled)
 
     assert set(ours.children) == {"posterior", "sample_stats"} <= set(theirs.children)
     for group in ("posterior", "sample_stats"):

@@ -250,12 +250,12 @@ def nutpie_trace(sampler: Any, model: Any) -> Any:
 
     The same ``posterior`` and ``sample_stats`` (values, dims, coordinates, the stats it keeps, its
     attributes), built as two ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``, which
-    builds a DataArray per variable and aligns them, ~35 ms a dataset against ~4 ms here, on the
-    thread whose work bounds a fit job's rate (README, "Throughput"). Private: the arrow-to-array
-    step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws, with NaN or None where arrow
-    has nulls) and the sampler's ``_settings``, which say the stats to keep and go into the
-    ``sample_stats`` attributes (``_BackgroundSampler._extract``). ``tests/test_compat.py``
-    compares the result with nutpie's own on the same seed.
+    builds and aligns a DataArray per variable, the largest part of the main thread's work per
+    dataset, and that work bounds a fit job's rate (README, "Throughput", has both profiles).
+    Private: the arrow-to-array step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws,
+    with NaN or None where arrow has nulls) and the sampler's ``_settings``, which say the stats
+    to keep and go into the ``sample_stats`` attributes (``_BackgroundSampler._extract``).
+    ``tests/test_compat.py`` compares the result with nutpie's own on the same seed.
     """
     import json
 
