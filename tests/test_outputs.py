@@ -192,7 +192,8 @@ def test_observation_sized_is_structural():
 
 
 def test_summary_and_health_settings_do_not_change_the_provenance(tmp_path):
-    base = {"model": "m.py", "datasets": ["*.csv"]}
+    (tmp_path / "m.py").write_text("import pymc as pm\n")  # read for the user modules it imports (none)
+    base = {"model": str(tmp_path / "m.py"), "datasets": ["*.csv"]}
     parts = sweep_parts(config_from_dict(base), model_sha256="0")
     other = config_from_dict({**base, "summary": {"var_names": ["a"], "ci_prob": 0.5},
                               "health": {"var_names": ["a"], "max_r_hat": 1.1}})
