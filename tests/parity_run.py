@@ -5,9 +5,9 @@ SIDE is ``batchfit`` (the library's fit stage, as ``batchfit fit`` runs it) or
 readers so a reader bug cannot hide in both, and compiled through PyTensor's JAX backend so an op
 numba implements wrongly cannot hide in both either; see `fit_reference`). For each NAME it writes
 ``ROOT/NAME/SIDE.started`` first and ``ROOT/NAME/SIDE.json`` (status, message, seconds, backend)
-last; the reference also writes
-``reference.nc``. A process that dies leaves a ``.started`` without a ``.json``: the test's driver
-records that model as crashed and starts a new process for the rest.
+last; the reference also writes ``reference.nc``. A process that dies leaves a ``.started``
+without a ``.json``: the test's driver records that model as crashed and starts a new process
+for the rest.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Parity with ``pm.sample``: every corpus model (tests/parity_corpus.py) gives batchfit the posterior
 that ``pm.sample(nuts_sampler="nutpie")`` gives on the same file.
 
-One session fixture writes the selected models and datasets, then fits them twice, side by
-side: batchfit's compile and fit stages in one subprocess, ``pm.sample`` in another (the test
-process's PyTensor and numba state stays untouched, and each side pays its imports once). The
-reference compiles through PyTensor's JAX backend where it can, so no op implementation is
-shared by both sides (parity_run.fit_reference). A
-subprocess that dies is restarted for the models after the one it died on, which is recorded as
-crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
+One session fixture writes the selected models and datasets, then fits them twice: batchfit's
+compile and fit stages, and ``pm.sample``, each in runner subprocesses that fit a few models one
+after another, two runners at a time (the test process's PyTensor and numba state stays
+untouched, and a runner pays its imports once for its models). The reference compiles through
+PyTensor's JAX backend where it can, so no op implementation is shared by both sides
+(parity_run.fit_reference). A runner that dies is restarted for the models after the one it
+died on, which is recorded as crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
 
 A model batchfit cannot fit is a bug to fix; only an understood upstream limitation may be
 ``xfail(strict=True)``, with its issue: when it starts to pass, the mark must go.
@@ -19,8 +19,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,11 @@ from posterior_checks import assert_same_posterior  # noqa: E402
 
 RUNNER = Path(__file__).parent / "parity_run.py"
 MODEL_TIMEOUT = 600  # seconds per model a runner process is given (a few dozen on an idle core)
+RUNNERS = 2  # runner processes at a time: CI's two cores (which the other xdist worker shares)
+# Models per runner process, each of which pays its imports once. batchfit's side costs about four
+# times the reference's (numba against JAX compiling): cut in smaller pieces, it is shared by both
+# runners instead of keeping one busy long after the other is done.
+MODELS_PER_RUNNER = {"batchfit": 5, "reference": 12}
 
 # Models no batchfit path can fit although pm.sample can, each with the upstream issue that stops
 # it (a model batchfit's cached path cannot take goes through nutpie's own compile instead). None now.
@@ -40,9 +45,9 @@ XFAIL: dict[str, str] = {}
 CASES = parity_corpus.cases()
 
 
-def _run_side(side: str, root: Path, names: list[str]) -> None:
+def _run_side(side: str, root: Path, names: list[str], log_name: str) -> None:
     """Fit `names` with one runner process; after a crash, record it and go on with the rest."""
-    log = (root / f"{side}.log").open("a")
+    log = (root / log_name).open("a")
     remaining = list(names)
     while remaining:
         proc = subprocess.run([sys.executable, str(RUNNER), side, str(root), *remaining], stdout=log,
@@ -71,11 +76,14 @@ def corpus(request, tmp_path_factory, session_cache) -> Path:
     for name in names:
         parity_corpus.write_case(CASES[name], root, session_cache)
     start = time.perf_counter()
-    threads = [threading.Thread(target=_run_side, args=(side, root, names)) for side in ("batchfit", "reference")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    jobs = []
+    for side in ("batchfit", "reference"):
+        n_jobs = -(-len(names) // MODELS_PER_RUNNER[side])
+        # every n_jobs-th model, so each job mixes large family models with small feature ones
+        jobs += [(side, names[j::n_jobs], f"{side}-{j}.log") for j in range(n_jobs)]
+    with ThreadPoolExecutor(RUNNERS) as pool:
+        for done in [pool.submit(_run_side, side, root, chunk, log) for side, chunk, log in jobs]:
+            done.result()
     results = {side: [json.loads((root / n / f"{side}.json").read_text()) for n in names]
                for side in ("batchfit", "reference")}
     cpu = {side: sum(r.get("cpu_seconds", 0.0) for r in rs) for side, rs in results.items()}
@@ -88,7 +96,7 @@ def corpus(request, tmp_path_factory, session_cache) -> Path:
 
 def _result(root: Path, name: str, side: str) -> dict:
     path = root / name / f"{side}.json"
-    assert path.exists(), f"{name}: the {side} runner left no result (see {root / f'{side}.log'})"
+    assert path.exists(), f"{name}: the {side} runner left no result (see {root}/{side}-*.log)"
     return json.loads(path.read_text())
 
 
