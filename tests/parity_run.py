@@ -66,7 +66,7 @@ def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
 
     nutpie compiles the model through PyTensor's JAX backend, not the numba backend batchfit runs:
     the two sides then share no op implementation, and JAX compiles the corpus in about a third of
-    numba's CPU time (the corpus's reference side took 273 CPU-s instead of 914 on 2026-12-02).
+    numba's CPU time (the corpus's reference side took 316 CPU-s instead of 914 on 2026-12-02).
     A model with an op PyTensor cannot convert to JAX (``Interpolated``'s spline) is compiled
     with numba instead. Returns the backend used.
     """
