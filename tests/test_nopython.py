@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numba
 import numpy as np
 import pymc as pm
@@ -20,6 +23,7 @@ from batchfit.nopython import (
     find_fallbacks,
     model_fallbacks,
     model_variable_names,
+    record_generic_fallbacks,
 )
 
 
@@ -71,6 +75,19 @@ def test_python_only_op_is_reported_as_object_mode_with_nearest_name():
     text = str(fb)
     assert "\n" not in text
     assert "PythonOnlyTwice" in text and "object mode" in text and "twice_y" in text
+
+
+def test_recording_fallbacks_triggers_no_lazy_module_attribute(monkeypatch):
+    """A module-level ``__getattr__`` (pymc.plots's imports arviz_plots and matplotlib) is not called."""
+    asked: list[str] = []
+    lazy = types.ModuleType("batchfit_test_lazy_module")
+    lazy.__getattr__ = lambda name: asked.append(name)
+    monkeypatch.setitem(sys.modules, lazy.__name__, lazy)
+    x = pt.vector("x")
+    with record_generic_fallbacks() as calls:
+        pytensor.function([x], PythonOnlyTwice()(x), mode="NUMBA")
+    assert asked == []
+    assert [type(op).__name__ for op, _ in calls] == ["PythonOnlyTwice"]
 
 
 def test_clean_graph_has_no_fallbacks():

@@ -113,6 +113,9 @@ def record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
 
     Dispatch modules import the function by name, so every module-level reference to it is
     swapped for a recording wrapper for the duration of the block (and restored afterwards).
+    Modules are searched through their ``__dict__``, not ``getattr``: a module-level
+    ``__getattr__`` imports on a miss (``pymc.plots`` imports arviz_plots and matplotlib, which
+    took 4 s of every compile worker).
     """
     from pytensor.link.numba.dispatch import basic as numba_basic
 
@@ -127,7 +130,7 @@ def record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
         patched = [
             module
             for module in list(sys.modules.values())
-            if isinstance(module, types.ModuleType) and getattr(module, "generate_fallback_impl", None) is original
+            if isinstance(module, types.ModuleType) and vars(module).get("generate_fallback_impl") is original
         ]
         for module in patched:
             module.generate_fallback_impl = recording_fallback
