@@ -64,13 +64,11 @@ class TableData:
 def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
     """pm.sample with nutpie on the case's model file and dataset; the posterior goes to reference.nc.
 
-    nutpie compiles the model through PyTensor's JAX backend, not the numba backend batchfit runs:
-    the two sides then share no op implementation, and JAX compiles the corpus in about a third of
-    numba's CPU time (the corpus's reference side took 316 CPU-s instead of 914 on 2026-12-02).
-    A model with an op PyTensor cannot convert to JAX (``Interpolated``'s spline) is compiled
-    with numba instead. Returns the backend used.
+    Compiled through JAX where PyTensor can (posterior_checks.sample_reference; the corpus's
+    reference side took 316 CPU-s through JAX against 914 through numba on 2026-12-02).
+    Returns the backend used.
     """
-    import pymc as pm
+    from posterior_checks import sample_reference
 
     spec = importlib.util.spec_from_file_location(f"parity_{directory.name.replace('-', '_')}",
                                                   directory / "model.py")
@@ -78,19 +76,10 @@ def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
     spec.loader.exec_module(module)
     [data_file] = sorted((directory / "data").iterdir())
     model = module.build_model(TableData(data_file))
-    for backend in ("JAX", "NUMBA"):
-        try:
-            with model:
-                idata = pm.sample(draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"],
-                                  nuts_sampler="nutpie", random_seed=sampler["seed"] + 1, progressbar=False,
-                                  compile_kwargs={"mode": backend})
-            break
-        except NotImplementedError as exc:
-            if backend != "JAX" or "No JAX conversion" not in str(exc):
-                raise
-            print(f"{directory.name}: {' '.join(str(exc).split())[:160]}; compiling with numba", flush=True)
+    idata, backend = sample_reference(model, draws=sampler["draws"], tune=sampler["tune"],
+                                      chains=sampler["chains"], random_seed=sampler["seed"] + 1)
     idata.posterior.to_netcdf(directory / "reference.nc", engine="h5netcdf")
-    return backend.lower()
+    return backend
 
 
 def fit_batchfit(directory: Path) -> None:

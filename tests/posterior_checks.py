@@ -5,10 +5,13 @@ a right posterior passes with a fixed seed and a shifted one fails however long 
 standard deviations by ratio, where their own Monte Carlo error (ArviZ's ``mcse(method="sd")``)
 is small enough to tell: in a heavy tail one extreme draw moves an sd by a third (the corpus's GP
 lengthscale, InverseGamma(5, 20): sd 2.9 vs 4.0, each with a Monte Carlo error of 0.13 and 0.60).
-Used wherever batchfit's posterior is checked against ``pm.sample``'s.
+Used wherever batchfit's posterior is checked against ``pm.sample``'s, which
+`sample_reference` draws.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -16,6 +19,29 @@ import xarray as xr
 MAX_Z = 5.0  # |difference of means (or sds)| / combined MCSE; ~1 in 2 million for a right posterior
 SD_RATIO = (0.75, 1.33)  # with a few hundred effective draws each, sds agree within ~15%
 MAX_R_HAT = 1.1  # past it a chain is stuck or far from the others: Monte Carlo errors mean nothing
+
+
+def sample_reference(model: Any, **sample: Any) -> tuple[Any, str]:
+    """``pm.sample(nuts_sampler="nutpie", **sample)`` on ``model``, compiled through PyTensor's JAX
+    backend; the InferenceData and the backend used (``"jax"`` or ``"numba"``).
+
+    JAX, not the numba backend batchfit runs: the two sides then share no op implementation, so
+    a wrong numba kernel cannot give both the same wrong posterior; and JAX compiles small models
+    in about a third of numba's CPU time. A model with an op PyTensor cannot convert to JAX
+    (``Interpolated``'s spline) is compiled with numba instead.
+    """
+    import pymc as pm
+
+    for backend in ("JAX", "NUMBA"):
+        try:
+            with model:
+                return pm.sample(nuts_sampler="nutpie", progressbar=False, compile_kwargs={"mode": backend},
+                                 **sample), backend.lower()
+        except NotImplementedError as exc:
+            if backend != "JAX" or "No JAX conversion" not in str(exc):
+                raise
+            print(f"{' '.join(str(exc).split())[:160]}; compiling the reference with numba", flush=True)
+    raise AssertionError("unreachable")
 
 
 def assert_same_posterior(ours: xr.Dataset, reference: xr.Dataset, *, label: str,

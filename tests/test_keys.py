@@ -208,15 +208,13 @@ def sweep(tmp_path: Path, model_file: Path, cache_dir: Path, data_dir: Path) -> 
 
 
 def reference_posterior(model_file: Path) -> object:
-    """What ``pm.sample`` with nutpie gives for the same model and data."""
-    import pymc as pm
+    """What ``pm.sample`` with nutpie gives for the same model and data (posterior_checks.sample_reference)."""
+    from posterior_checks import sample_reference
 
     from batchfit.modelfile import build_model, load_model_file
 
     model = build_model(load_model_file(model_file), dataset("d", Y))
-    with model:
-        idata = pm.sample(draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, nuts_sampler="nutpie",
-                          random_seed=11, progressbar=False)
+    idata, _ = sample_reference(model, draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, random_seed=11)
     return idata.posterior
 
 

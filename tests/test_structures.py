@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from posterior_checks import assert_same_posterior
+from posterior_checks import assert_same_posterior, sample_reference
 
 from batchfit.check import check_model
 from batchfit.config import config_from_dict
@@ -87,7 +87,8 @@ def sweep(tmp_path: Path, source: str, frames: dict[str, pd.DataFrame], session_
 
 
 def reference(config, dataset_id: str, **sample) -> xr.Dataset:
-    """pm.sample with nutpie (or as ``sample`` says) on the dataset, loaded exactly as batchfit loads it."""
+    """pm.sample with nutpie (posterior_checks.sample_reference), or with the ``nuts_sampler`` that
+    ``sample`` names, on the dataset loaded exactly as batchfit loads it."""
     import pymc as pm
 
     from batchfit.coding import sweep_coding
@@ -96,9 +97,12 @@ def reference(config, dataset_id: str, **sample) -> xr.Dataset:
 
     paths = discover_datasets(config)
     dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
-    with build_model(load_model_file(config.model), dataset):
-        settings = {"draws": SAMPLER["draws"], "tune": SAMPLER["tune"], "nuts_sampler": "nutpie", **sample}
-        return pm.sample(chains=2, random_seed=17, progressbar=False, **settings).posterior
+    model = build_model(load_model_file(config.model), dataset)
+    settings = {"draws": SAMPLER["draws"], "tune": SAMPLER["tune"], "chains": 2, "random_seed": 17, **sample}
+    if "nuts_sampler" not in settings:
+        return sample_reference(model, **settings)[0].posterior
+    with model:
+        return pm.sample(progressbar=False, **settings).posterior
 
 
 def attrs_and_posterior(config, dataset_id: str) -> tuple[dict, xr.Dataset]:
