@@ -387,7 +387,10 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
                 raise ModelContractError(
                     f"the simulator ({generator_file(config)}) defines no variable {name!r}, "
                     f"which the fitted model has; truth file {truth_path(config, sim)}")
-            draws = var.stack(sample=("chain", "draw")).transpose("sample", ...).values
+            # (chain, draw, ...) -> (sample, ...), chain-major as xarray's stack; NumPy, since a
+            # stack per variable and simulation took a third of this step
+            values = var.transpose("chain", "draw", ...).values
+            draws = values.reshape(-1, *values.shape[2:])
             true = np.asarray(truth[name], dtype=float)
             if true.shape != draws.shape[1:]:
                 raise ModelContractError(
