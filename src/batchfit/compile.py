@@ -205,8 +205,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, 
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
            "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding),
            "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
-    _prefetch_sampler()
-    proc = _run_worker(cmd)
+    with _importing_beside("nutpie"):
+        proc = _run_worker(cmd)
     if proc.returncode == HEALED_EXIT:
         warnings.warn(f"compiling cache entry {key[:12]}: {_result(proc)['healed']}", stacklevel=3)
         proc = _run_worker(cmd)
@@ -216,16 +216,24 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, 
     return _result(proc)["manifest"]
 
 
-def _prefetch_sampler() -> None:
-    """Import nutpie in a background thread while the worker compiles.
+@contextlib.contextmanager
+def _importing_beside(module: str) -> Iterator[None]:
+    """Import ``module`` in a background thread while the block runs (the block must import nothing).
 
-    This process only waits for the worker (seconds, on one core), and every caller samples
-    from the entry next: importing nutpie (arviz, scipy.stats with it; ~1.3 s on an idle core)
-    beside the compile instead of after it shortens a cold job by that much. The waiting main
-    thread holds no GIL; a later ``import nutpie`` waits for this one on the module's import lock.
+    Used while the compile worker runs: this process only waits for it (seconds, on one core),
+    and every caller samples from the entry next, so importing nutpie (arviz and scipy.stats with
+    it; ~1.3 s on an idle core) beside the compile instead of after it shortens a cold job by
+    that much. The waiting thread holds no GIL. The import thread is joined before the block's
+    caller goes on: two threads importing at once can deadlock on importlib's module locks
+    ("deadlock detected by _ModuleLock").
     """
-    threading.Thread(target=importlib.import_module, args=("nutpie",), name="batchfit-prefetch-nutpie",
-                     daemon=True).start()
+    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"batchfit-import-{module}",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _run_worker(cmd: list[str]) -> subprocess.CompletedProcess:
