@@ -4,6 +4,8 @@ job's log, and its failure is the job's error with the worker's last words."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -54,3 +56,22 @@ def test_worker_failure_is_the_jobs_error_with_its_last_words(tmp_path, session_
     source = WARNING_MODEL.format(tag="x", centre="__import__('os').getpid() * 1e-9")
     with pytest.raises(BatchfitError, match="build_model must be deterministic"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, source, session_cache)
+
+
+def test_the_job_imports_nutpie_while_the_worker_compiles(tmp_path):
+    """A cold compile job imports nutpie beside the worker, not after it, and joins that import
+    before going on (in a fresh process, since the test session has long imported nutpie, and an
+    empty cache of its own, so the compile is cold)."""
+    script = textwrap.dedent(f"""
+        import sys, threading
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_compile_worker import WARNING_MODEL, compile_in_child
+        compiled = compile_in_child(Path({str(tmp_path)!r}), WARNING_MODEL.format(tag="prefetch", centre="0.375"),
+                                    Path({str(tmp_path / "cache")!r}))
+        assert not compiled.report.hit, "expected a cold compile"
+        print("nutpie" in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith("batchfit-")])
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "True []", out.stdout
