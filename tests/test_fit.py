@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -112,13 +111,13 @@ def batch10(data_dir, tmp_path_factory, hierarchical_entry):
         counts["pytensor_functions"] += 1
         return real_init(self, *args, **kwargs)
 
-    def recording_fit_datasets(fitter, dataset_ids, paths, *, threads):
+    def recording_fit_datasets(fitter, claims, paths, *, threads):
         snapshots.append(dict(counts))  # after compile_model and the Fitter's set-up
-        for outcome in real_fit_datasets(fitter, dataset_ids, paths, threads=threads):
+        for index, outcome in real_fit_datasets(fitter, claims, paths, threads=threads):
             snapshots.append(dict(counts))
             outcomes.append(outcome)
             trees.append(read_tree(config.fit_path(outcome.dataset)) if outcome.status == "ok" else None)
-            yield outcome
+            yield index, outcome
 
     ids = [*IDS, "d0"]
     with pytest.MonkeyPatch.context() as mp, event.install_listener("numba:compile", Listener()):
@@ -206,28 +205,6 @@ def test_posterior_does_not_depend_on_position_in_batch(batch10, tmp_path, sessi
         assert sorted(post) == sorted(reference)
         for var in reference:
             assert np.array_equal(post[var], reference[var]), f"{var} differs when {x} is fitted {name}"
-
-
-def test_datasets_sampled_side_by_side_get_the_draws_of_a_sequential_fit(batch10, tmp_path, hierarchical_entry,
-                                                                          caplog):
-    """``chains: 1`` with 3 threads samples three datasets at once while the next is prepared and the
-    last finished (all through one template): every group equals a one-thread fit's, in the batch's order."""
-    ids = ["d2", "d5", "d7", "d9", "d4"]
-    runs = {}
-    for threads in (1, 3):
-        config = make_config(tmp_path / f"threads-{threads}", hierarchical_entry,
-                             [str(batch10["data_dir"] / "*.csv")], extras=True, sampler={**SAMPLER, "chains": 1})
-        caplog.clear()
-        with caplog.at_level(logging.INFO, logger="batchfit"):
-            report = fit_batch(config, ids, batch_id="b", threads=threads)
-        assert [(o.dataset, o.status) for o in report.outcomes] == [(d, "ok") for d in ids], report.outcomes
-        progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
-        assert progress and progress[-1].startswith(f"progress: {len(ids)}/{len(ids)} datasets, "), progress
-        runs[threads] = {d: read_tree(config.fit_path(d)) for d in ids}
-    for d in ids:
-        assert_groups_equal(runs[1][d], runs[3][d])
-        assert_groups_equal(runs[1][d], runs[3][d], groups=("observed_data", "constant_data"))
-    assert not np.array_equal(runs[3]["d2"]["posterior"]["mu_a"], runs[3]["d5"]["posterior"]["mu_a"])
 
 
 def test_dataset_seeds_differ_between_ids_and_global_seeds_and_fit_nutpie_and_netcdf():

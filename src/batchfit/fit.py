@@ -14,8 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
 from batchfit.fingerprint import structure_of
+from batchfit.lanes import LANE_STAGE, lanes
 from batchfit.modelfile import (
     baked_values,
     build_model,
@@ -396,34 +396,53 @@ def write_fit(tree: Any, path: Path) -> None:
 
 
 def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
-    """Fit ``dataset_ids`` in this process with one compile; write fits, failures and the manifest.
+    """Fit ``dataset_ids`` with one compile; write fits, failures and the manifest.
 
-    With ``on_error: stop`` the first failure is raised after the manifest is written; with
-    ``continue`` it is recorded and the batch goes on. Already written fits are never removed.
+    With more threads than the sampler's chains, helper processes fit datasets of the batch
+    beside this one (`batchfit.lanes`). With ``on_error: stop`` the first failure (in the batch's
+    order) is raised after the manifest is written; with ``continue`` it is recorded and the batch
+    goes on. Already written fits are never removed.
     """
     # The datasets first, so that a dataset's log lines (each starts with its id) are found by
     # `batchfit status --dataset` and by grep.
     log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
-    cache, paths, ref = prepare(config)
-    fitter = Fitter(config, ref, cache)
-    log.info("compile: %s", fitter.compile_line)
     owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
-    stale = remove_stale_temporaries(owned)
+    stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
-    report = BatchReport(batch_id, fitter.compile_line)
-    progress = Progress(len(dataset_ids))
-    try:
-        for outcome in fit_datasets(fitter, dataset_ids, paths, threads=threads):
-            report.outcomes.append(outcome)
-            log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
-                     f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
-            progress.done_one()
-            if outcome.status == "failed" and config.on_error == "stop":
-                raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
-    finally:  # fit_datasets has cancelled and waited for any chain threads by now (its own finally)
-        write_manifest(config, report)
+    with lanes(config, dataset_ids, threads=threads) as job_lanes:  # helpers start first: their start overlaps ours
+        cache, paths, ref = prepare(config)
+        fitter = Fitter(config, ref, cache)
+        log.info("compile: %s", fitter.compile_line)
+        report = BatchReport(batch_id, fitter.compile_line)
+        progress = Progress(len(dataset_ids))
+        own = fit_datasets(fitter, job_lanes.claims, paths, threads=job_lanes.threads_each)
+        try:
+            for outcome in in_batch_order(job_lanes.outcomes(own)):
+                if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
+                    record_failed(config, outcome, paths.get(outcome.dataset))
+                report.outcomes.append(outcome)
+                log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
+                         f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
+                progress.done_one()
+                if outcome.status == "failed" and config.on_error == "stop":
+                    raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
+        finally:  # the helpers are ended on leaving `lanes`; this lane's sample is cancelled by `own`'s own finally
+            own.close()
+            write_manifest(config, report)
     return report
+
+
+def in_batch_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
+    """Outcomes that come as lanes finish them, in the batch's order (so ``on_error: stop`` stops
+    where a sequential fit would, and the manifest lists the batch as given)."""
+    waiting: dict[int, Outcome] = {}
+    following = 0
+    for index, outcome in outcomes:
+        waiting[index] = outcome
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1
 
 
 # How often the main thread looks whether a sample has finished: short against any sample (the
@@ -446,56 +465,36 @@ class DatasetFit:
     sampling: Sampling | None = None
 
 
-def fit_datasets(fitter: Fitter, dataset_ids: Sequence[str], paths: dict[str, Path], *,
-                 threads: int) -> Iterator[Outcome]:
-    """Fit ``dataset_ids``, overlapping this thread's work with sampling; yield their outcomes in order.
+def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: dict[str, Path], *,
+                 threads: int) -> Iterator[tuple[int, Outcome]]:
+    """Fit the claimed (position, dataset id) pairs one sample at a time; yield (position, Outcome) as each ends.
 
-    nutpie samples in its own threads, outside the GIL. So while datasets sample, this thread
-    prepares the next one (load, check, build, sampler model) and finishes those done (optional
-    outputs, writing). ``threads`` beyond the chains sample several datasets at once, ``chains``
-    threads each (``threads // chains`` of them). A dataset's draws depend only on its data and
-    seed, never on what samples beside it, and a failure stays that dataset's. Outcomes come in
-    the batch's order (a later dataset may be written first), so ``on_error: stop`` stops where a
-    sequential fit would.
+    nutpie samples in its own threads, outside the GIL. So while a dataset samples, this thread
+    finishes the one before (optional outputs, writing) and prepares the next (load, check,
+    build, sampler model), claiming it only then: another lane may take it first
+    (`batchfit.lanes.Claims`). A dataset's draws depend only on its data and seed.
     """
-    chains = fitter.config.sampler.chains
-    lanes = max(1, threads // chains)
-    per_sample = max(1, threads // lanes)
-    waiting = deque(enumerate(dataset_ids))
-    running: list[tuple[int, DatasetFit]] = []
-    ready: tuple[int, DatasetFit] | None = None  # the next dataset, prepared while the others sample
-    outcomes: dict[int, Outcome] = {}  # by position: yielded in the batch's order, as a sequential fit would
-    yielded = 0
+    running: tuple[int, DatasetFit] | None = None
     try:
-        while waiting or running or ready is not None:
-            if ready is None and waiting:
-                index, dataset_id = waiting.popleft()
-                prepared = _prepare(fitter, dataset_id, paths)
-                if isinstance(prepared, Outcome):
-                    outcomes[index] = prepared
-                else:
-                    ready = index, prepared
-            elif ready is not None and len(running) < lanes:
-                fitter.start(ready[1].sampling, threads=per_sample)
-                running.append(ready)
-                ready = None
-            else:
-                done = [job for job in running if job[1].sampling.finished]
-                if not done:
+        for index, dataset_id in claims:
+            prepared = _prepare(fitter, dataset_id, paths)  # while `running` samples
+            if isinstance(prepared, Outcome):
+                yield index, prepared
+                continue
+            finished = running
+            if finished is not None:
+                while not finished[1].sampling.finished:
                     time.sleep(_POLL_SECONDS)
-                    continue
-                running = [job for job in running if job not in done]
-                if ready is not None:  # fill the freed lane before finishing, which takes this thread a while
-                    fitter.start(ready[1].sampling, threads=per_sample)
-                    running.append(ready)
-                    ready = None
-                outcomes.update((index, _complete(fitter, job, threads=per_sample)) for index, job in done)
-            while yielded in outcomes:
-                yield outcomes.pop(yielded)
-                yielded += 1
-    finally:  # with samples running only when the caller stops (on_error: stop, or an interrupt)
-        for _, job in running:
-            job.sampling.cancel()
+            fitter.start(prepared.sampling, threads=threads)
+            running = index, prepared
+            if finished is not None:  # finished while the next one samples
+                yield finished[0], _complete(fitter, finished[1], threads=threads)
+        if running is not None:
+            finished, running = running, None
+            yield finished[0], _complete(fitter, finished[1], threads=threads)
+    finally:  # with a sample running only when the caller stops (on_error: stop, or an interrupt)
+        if running is not None:
+            running[1].sampling.cancel()
         after_sampling()
 
 
@@ -555,10 +554,15 @@ def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
         message = (f"{job.stage} failed for dataset '{job.id}' (file {job.path}): "
                    f"{message}{hint(message)}")
     outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message)
-    record_failure(config, outcome, job.path)
-    config.fit_path(job.id).unlink(missing_ok=True)  # a fit from an older run is stale now
-    sidecar_path(config, job.id).unlink(missing_ok=True)
+    record_failed(config, outcome, job.path)
     return outcome
+
+
+def record_failed(config: Config, outcome: Outcome, path: Path | None) -> None:
+    """Write a failed dataset's record and drop its fit from an older run, which is stale now."""
+    record_failure(config, outcome, path)
+    config.fit_path(outcome.dataset).unlink(missing_ok=True)
+    sidecar_path(config, outcome.dataset).unlink(missing_ok=True)
 
 
 class Progress:
