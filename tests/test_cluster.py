@@ -105,6 +105,10 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
                              "sampler": {"draws": 500, "tune": 500, "chains": 4}})
     assert fit_resources(half, 1000, stamp)["runtime"] < many["runtime"]  # less sampling, less time
     assert fit_resources(config, 10, tmp_path / "missing.json")["mem_mb"] > 0  # unmeasured: defaults
+    # 12 threads and 4 chains: three lanes, each a process of its own, fitting a third of the batch
+    lanes = fit_resources(config, 1000, stamp, threads=12)
+    assert lanes["mem_mb"] == 3 * many["mem_mb"] and lanes["runtime"] < many["runtime"] / 2
+    assert fit_resources(config, 1000, stamp, threads=7) == many  # one lane: threads beyond the chains idle
 
 
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:

@@ -23,6 +23,7 @@ from batchfit.config import AUTO, Config, check_model_file, config_from_dict
 from batchfit.cputarget import apply_cpu_target
 from batchfit.data import discover_datasets
 from batchfit.errors import BatchfitError
+from batchfit.lanes import lane_count
 from batchfit.provenance import expected_digests, recorded_digest
 
 log = logging.getLogger("batchfit")
@@ -210,11 +211,14 @@ _MEMORY_MARGIN = 1.5
 _UNMEASURED = {"seconds": 60.0, "peak_rss_mb": 2000, "draws": 2000, "chains": 4}
 
 
-def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attempt: int = 1) -> dict[str, int]:
-    """``mem_mb`` and ``runtime`` (minutes) for a fit job of ``n_datasets``; both grow with ``attempt``.
+def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attempt: int = 1,
+                  threads: int = 1) -> dict[str, int]:
+    """``mem_mb`` and ``runtime`` (minutes) for a fit job of ``n_datasets`` on ``threads``; both grow with ``attempt``.
 
     A job killed for memory or time is retried by Snakemake with ``attempt`` + 1: it then asks
-    for twice (three times, ...) as much, and fits only the datasets the killed attempt left.
+    for twice (three times, ...) as much, and fits only the datasets the killed attempt left. A
+    job with several lanes (`batchfit.lanes`) needs a process's memory per lane and fits that
+    many datasets at once.
     """
     try:
         measured = json.loads(Path(stamp_path).read_text()).get("reference_fit") or _UNMEASURED
@@ -222,8 +226,9 @@ def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attem
         measured = _UNMEASURED
     s = config.sampler
     work = ((s.draws + s.tune) * s.chains) / max(1, measured["draws"] * measured["chains"])
-    seconds = _JOB_START_SECONDS + n_datasets * measured["seconds"] * work * _TIME_MARGIN
-    return {"mem_mb": math.ceil(measured["peak_rss_mb"] * _MEMORY_MARGIN) * attempt,
+    lanes = lane_count(threads, s.chains, n_datasets)
+    seconds = _JOB_START_SECONDS + math.ceil(n_datasets / lanes) * measured["seconds"] * work * _TIME_MARGIN
+    return {"mem_mb": math.ceil(measured["peak_rss_mb"] * _MEMORY_MARGIN) * lanes * attempt,
             "runtime": math.ceil(seconds / 60) * attempt}
 
 
@@ -251,7 +256,7 @@ def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
 
     A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
     it is better hidden by running jobs side by side than by giving one job every core. A job
-    with more threads than chains samples several datasets at once (`batchfit.fit.fit_datasets`).
+    with more threads than chains samples several datasets at once (`batchfit.lanes`).
     ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
     """
     if cores is None:

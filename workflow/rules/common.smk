@@ -98,8 +98,8 @@ def batch_manifests(wildcards):
 
 def fit_resource(name):
     """A fit job's `name` resource from the batch and the compile stage's measurement."""
-    return lambda wildcards, input, attempt: fit_resources(
-        BF, len(batch_members(wildcards)), input.compiled, attempt)[name]
+    return lambda wildcards, input, threads, attempt: fit_resources(
+        BF, len(batch_members(wildcards)), input.compiled, attempt, threads)[name]
 
 
 # Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
