@@ -33,8 +33,18 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def child_config(args: argparse.Namespace, **sampler: int) -> Any:
+    """The fit config a child process gets from the parent's hidden arguments (``sampler`` overrides)."""
+    from batchfit.config import config_from_dict
+
+    return config_from_dict({"model": args.model, "datasets": [str(Path(args.data) / "*.csv")],
+                             "sampler": {**json.loads(args.sampler), **sampler}, "batch_size": args.n,
+                             "cache_dir": args.cache, "results_dir": args.results})
 
 
 def child(args: argparse.Namespace) -> None:
@@ -42,12 +52,7 @@ def child(args: argparse.Namespace) -> None:
 
     import psutil
 
-    from batchfit.config import config_from_dict
-
-    config = config_from_dict({
-        "model": args.model, "datasets": [str(Path(args.data) / "*.csv")], "sampler": json.loads(args.sampler),
-        "batch_size": args.n, "cache_dir": args.cache, "results_dir": args.results,
-    })
+    config = child_config(args)
     t0 = time.perf_counter()
     import nutpie
 
@@ -115,12 +120,9 @@ def job(args: argparse.Namespace) -> None:
 
     if args.job == 1:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a one-core allocation
-    from batchfit.config import config_from_dict
     from batchfit.fit import fit_batch
 
-    sampler = {**json.loads(args.sampler), "chains": 1}
-    config = config_from_dict({"model": args.model, "datasets": [str(Path(args.data) / "*.csv")], "sampler": sampler,
-                               "batch_size": args.n, "cache_dir": args.cache, "results_dir": args.results})
+    config = child_config(args, chains=1)
     finished: list[float] = []
 
     class Finished(logging.Handler):  # when each dataset's outcome is logged
