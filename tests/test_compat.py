@@ -128,3 +128,32 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
         assert {k: v for k, v in mine.attrs.items() if k != "created_at"} == \
                {k: v for k, v in reference.attrs.items() if k != "created_at"}, group
     assert ours["posterior"].ds["free"].dims == ("chain", "draw", "free_dim_0")
+
+
+def test_lazy_jax_is_hidden_from_matplotlib_while_plotting():
+    """arviz_base leaves an unloaded lazy ``jax`` in ``sys.modules``; matplotlib would load it on the
+    first plotted list. In a fresh process (nothing else loaded JAX): hidden, a plot leaves it
+    unloaded and back in place; not hidden, the same plot loads JAX, so the workaround is still needed."""
+    import subprocess
+
+    code = """
+import importlib.util, sys
+import arviz_base  # noqa: F401
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from batchfit.compat import lazy_jax_hidden
+
+lazy = sys.modules.get("jax")
+assert issubclass(type(lazy), importlib.util._LazyModule), (
+    f"arviz_base no longer leaves an unloaded lazy jax in sys.modules ({type(lazy)}): remove lazy_jax_hidden")
+with lazy_jax_hidden():
+    assert "jax" not in sys.modules
+    plt.subplots()[1].plot([1.0, 2.0])
+assert sys.modules["jax"] is lazy and issubclass(type(lazy), importlib.util._LazyModule), "the plot loaded JAX"
+plt.subplots()[1].plot([1.0, 2.0])
+assert not issubclass(type(sys.modules["jax"]), importlib.util._LazyModule), (
+    "matplotlib no longer loads a lazy jax when plotting a list (cbook._is_jax_array): remove lazy_jax_hidden")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr

@@ -8,10 +8,13 @@ fails with the API's name when an upgrade removes or changes one.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -19,6 +22,7 @@ from weakref import WeakKeyDictionary
 __all__ = [
     "NUTPIE_THREAD_PREFIX",
     "dispatched_densities",
+    "lazy_jax_hidden",
     "library_roots",
     "is_numba_cache_reader",
     "load_cached_cfunc",
@@ -104,6 +108,36 @@ def wait_for_sampler_threads(timeout: float = 60.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+# --- matplotlib and a lazily loaded JAX -------------------------------------------------------
+
+
+@contextmanager
+def lazy_jax_hidden() -> Iterator[None]:
+    """While plotting, keep an unloaded lazy ``jax`` out of matplotlib's sight.
+
+    arviz_base 1.3 (``arviz_base/io_numpyro.py``) calls ``lazy_loader.load("jax")`` when
+    imported, which puts an unloaded lazy ``jax`` in ``sys.modules`` wherever JAX is installed.
+    matplotlib 3.11 asks every non-NumPy value it plots whether it is a JAX array
+    (``matplotlib.cbook._is_jax_array`` reads ``sys.modules.get("jax").Array``), and that
+    attribute loads all of JAX: ~0.9 s of the plots rule, for arrays that cannot be JAX's (no
+    JAX array exists before JAX is loaded). Hidden, matplotlib finds no ``jax``; a real import of
+    JAX meanwhile is kept, and the lazy module goes back only if nothing replaced it.
+
+    CPython 3.12's ``importlib.util.LazyLoader`` makes a module an instance of the private
+    ``importlib.util._LazyModule`` until its first attribute access loads it; ``type()`` reads
+    the class without that access.
+    """
+    lazy = sys.modules.get("jax")
+    if not issubclass(type(lazy), importlib.util._LazyModule):
+        yield
+        return
+    del sys.modules["jax"]
+    try:
+        yield
+    finally:
+        sys.modules.setdefault("jax", lazy)
 
 
 # --- numba: caching generated functions and loading them without the compiler ------------------

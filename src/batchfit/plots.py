@@ -21,6 +21,7 @@ from arviz_stats.base import array_stats
 from batchfit.atomic import atomic_path
 from batchfit.collect import _ci_prob, _stack_elements
 from batchfit.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
+from batchfit.compat import lazy_jax_hidden
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.variables import FREE, ROLE_ATTR, select_vars
@@ -167,13 +168,14 @@ def write_plots(config: Config) -> list[Path]:
     out = plots_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "health.png"]
-    plot_health(pd.read_csv(config.summary_path), written[0])
-    forest_dir = out / "forest"
-    shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
-    forest_dir.mkdir()
-    for name, draws in forest_draws(config.posteriors_path, config.report).items():
-        written.append(forest_dir / plot_file_name(name))
-        _save(forest_figure(draws, max_rows=config.report.max_rows, summary=config.summary), written[-1])
+    with lazy_jax_hidden():
+        plot_health(pd.read_csv(config.summary_path), written[0])
+        forest_dir = out / "forest"
+        shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
+        forest_dir.mkdir()
+        for name, draws in forest_draws(config.posteriors_path, config.report).items():
+            written.append(forest_dir / plot_file_name(name))
+            _save(forest_figure(draws, max_rows=config.report.max_rows, summary=config.summary), written[-1])
     return written
 
 
