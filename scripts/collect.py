@@ -5,4 +5,4 @@ from batchfit.pipeline import log_to, run_collect, snakemake_config
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
-    logging.getLogger("batchfit").info(run_collect(config).one_line())
+    logging.getLogger("batchfit").info(run_collect(config, workers=snakemake.threads).one_line())

@@ -463,6 +463,44 @@ def test_a_damaged_cache_entry_is_recomputed(sweep: Config) -> None:
     assert collect(sweep, IDS).summarised_ids == ["store_02"]
 
 
+# --- summarising in worker processes -----------------------------------------------------------------
+
+def test_worker_processes_summarise_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:
+    """With workers, the worker processes write every new fit's summary (this process could not:
+    its own summarising is made to fail) and collect's outputs equal a collect without workers."""
+    import batchfit.collect as collect_module
+
+    write_fit(sweep, "store_08", 5, seed=8)
+    ids = [*IDS, "store_08"]
+    monkeypatch.setattr(collect_module, "MIN_FITS_PER_WORKER", 2)  # a worker per 2 fits, not per 50
+
+    def not_here(self, dataset_id, path):
+        raise AssertionError(f"{dataset_id} was summarised by the collect process, not a worker")
+
+    monkeypatch.setattr(collect_module.SummaryCache, "_compute", not_here)
+    with caplog.at_level("INFO", logger="batchfit"):
+        report = collect(sweep, ids, workers=2)
+    assert "summarised 5 fits in 2 processes" in caplog.text
+    assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07", "store_08"]
+    monkeypatch.undo()
+    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
+
+
+def test_a_fit_no_worker_can_summarise_fails_collect_as_without_workers(sweep: Config, monkeypatch) -> None:
+    import batchfit.collect as collect_module
+
+    monkeypatch.setattr(collect_module, "MIN_FITS_PER_WORKER", 1)
+    sweep.fit_path("store_02").write_bytes(b"not netcdf")
+    with pytest.raises(DatasetError, match=r"store_02.*store_02\.nc"):
+        collect(sweep, IDS, workers=2)
+    assert not sweep.posteriors_path.exists()
+    # the workers wrote the summaries of the others, which the next collect finds
+    sweep.fit_path("store_02").unlink()
+    write_failure(sweep, "store_02", "refitted and failed")
+    assert collect(sweep, IDS).summarised_ids == []
+
+
 # --- open_results ---------------------------------------------------------------------------------
 
 def test_open_results_hands_arviz_one_dataset_or_all(sweep: Config, tmp_path: Path) -> None:

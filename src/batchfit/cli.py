@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         _config_option(p)
         if name in ("fit", "run", "sbc"):
             p.add_argument("--threads", type=int, default=1, help="threads for a dataset's chains")
+        if name in ("collect", "run"):
+            p.add_argument("--workers", type=int, default=1, help="processes that summarise new fits at once")
         if name == "fit":
             p.add_argument("datasets", nargs="*", default=[],
                            help="dataset ids to fit (default: every pending dataset)")
@@ -163,7 +165,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if failed:
             print(f"fit: {failed} dataset(s) failed", file=sys.stderr)
     if args.command in ("collect", "run"):
-        print(pipeline.run_collect(config).one_line())
+        print(pipeline.run_collect(config, workers=args.workers).one_line())
         line = pipeline.failure_line(config)
         if line:
             print(line, file=sys.stderr)

@@ -4,7 +4,8 @@ Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure
 (``failures/{id}.json``). Collect handles them one at a time, streaming summary.csv and
 posteriors.nc (layout: `batchfit.combined`) to disk, so memory stays flat however many datasets
 the sweep has, and writes every output atomically. Summaries are cached per fit content
-(`SummaryCache`), so adding datasets to a finished sweep summarises only those.
+(`SummaryCache`), so adding datasets to a finished sweep summarises only those; given several
+workers, collect summarises the fits in that many processes at once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from batchfit.combined import (
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.provenance import file_sha256
+from batchfit.summary_workers import summarise_in_workers
 from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 
 log = logging.getLogger("batchfit")
@@ -56,6 +58,9 @@ ROW_COLUMNS = ["dataset", "parameter"]
 HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path"]
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 _MAX_IDS_IN_MESSAGE = 20
+# Fits to summarise per worker process below which collect summarises alone: a worker's start
+# (importing ArviZ, xarray and SciPy, 2-3 s) costs more than ~50 summaries at ~50 ms each.
+MIN_FITS_PER_WORKER = 50
 
 
 class HealthThresholds(Protocol):
@@ -121,7 +126,8 @@ class CollectReport:
 
 
 def collect(
-    config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None
+    config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None,
+    workers: int = 1,
 ) -> CollectReport:
     """Collect the sweep's fits using the paths and health thresholds of a `Config`.
 
@@ -140,6 +146,7 @@ def collect(
         summary=config.summary,
         expected_provenance=expected_provenance,
         cache_dir=config.results_dir / "summaries",
+        workers=workers,
     )
 
 
@@ -155,6 +162,7 @@ def collect_fits(
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
     cache_dir: Path | None = None,
+    workers: int = 1,
 ) -> CollectReport:
     """Write summary.csv, posteriors.nc and failures.csv for `dataset_ids`.
 
@@ -164,7 +172,8 @@ def collect_fits(
     Incremental: each fit's summary rows, divergences and layout are cached in
     ``cache_dir/{id}.json`` (default ``summaries/`` beside summary.csv), keyed by the fit file's
     sha256 and every setting and code the summary depends on (`summary_key`); only fits without
-    a matching entry are read and summarised (`CollectReport.summarised_ids`). posteriors.nc is
+    a matching entry are read and summarised (`CollectReport.summarised_ids`), in up to
+    ``workers`` processes at once when there are many (`SummaryCache.fill`). posteriors.nc is
     rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
     layout (kept as a hard link in the cache directory) is copied from it block by block instead
     of read from its fit (`CollectReport.posterior_read_ids` lists the others).
@@ -178,6 +187,7 @@ def collect_fits(
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
     cache = SummaryCache(Path(cache_dir or Path(summary_path).parent / "summaries"), summary, thresholds)
+    cache.fill([(d, Path(fit_path(d))) for d in fitted], workers)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}
     stale: list[str] = []
@@ -280,24 +290,55 @@ class SummaryCache:
         self.summarised: list[str] = []
 
     def entry(self, dataset_id: str, fit: Path) -> dict[str, Any]:
-        try:
-            fit_sha256 = file_sha256(fit)
-        except OSError as exc:
-            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit) from exc
-        key = hashlib.sha256(f"{self.settings_key}:{fit_sha256}".encode()).hexdigest()
-        path = self.directory / f"{dataset_id}.json"
-        try:
-            entry = json.loads(path.read_text())
-            if entry.get("key") == key:
-                return entry
-        except (OSError, ValueError):
-            pass
+        """The fit's valid entry, computed and written if there is none."""
+        fit_sha256, key, entry = self._cached(dataset_id, fit)
+        if entry is not None:
+            return entry
         entry = self._compute(dataset_id, fit) | {"key": key, "fit_sha256": fit_sha256}
+        path = self.directory / f"{dataset_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(entry))
         self.summarised.append(dataset_id)
         return entry
+
+    def _cached(self, dataset_id: str, fit: Path) -> tuple[str, str, dict[str, Any] | None]:
+        """The fit's sha256, its entry key, and its entry if one with that key is cached."""
+        try:
+            fit_sha256 = file_sha256(fit)
+        except OSError as exc:
+            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit) from exc
+        key = hashlib.sha256(f"{self.settings_key}:{fit_sha256}".encode()).hexdigest()
+        try:
+            entry = json.loads((self.directory / f"{dataset_id}.json").read_text())
+            if entry.get("key") == key:
+                return fit_sha256, key, entry
+        except (OSError, ValueError):
+            pass
+        return fit_sha256, key, None
+
+    def fill(self, fits: Sequence[tuple[str, Path]], workers: int) -> None:
+        """Summarise the (dataset id, fit) pairs without a valid entry in up to ``workers`` processes
+        (`batchfit.summary_workers`).
+
+        Only worth it with many (`MIN_FITS_PER_WORKER` per process); otherwise, and for a fit a
+        worker could not summarise, `entry` does it in this process, in the sweep's order, and
+        raises its error there as without workers.
+        """
+        if min(workers, len(fits) // MIN_FITS_PER_WORKER) < 2:
+            return
+        missing = [(d, fit) for d, fit in fits if self._needs_summary(d, fit)]
+        workers = min(workers, len(missing) // MIN_FITS_PER_WORKER)
+        if workers < 2:
+            return
+        self.summarised += summarise_in_workers(self, missing, workers)
+        log.info("collect: summarised %d fits in %d processes", len(missing), workers)
+
+    def _needs_summary(self, dataset_id: str, fit: Path) -> bool:
+        try:
+            return self._cached(dataset_id, fit)[2] is None
+        except DatasetError:  # an unreadable fit: `entry` reports it, in the sweep's order
+            return False
 
     def load(self, dataset_id: str) -> dict[str, Any]:
         """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""

@@ -283,16 +283,17 @@ def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads
     return failed
 
 
-def run_collect(config: Config) -> Any:
+def run_collect(config: Config, *, workers: int = 1) -> Any:
     """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv.
 
     Every fit must have the provenance the current config gives (see `collect`): a sweep never
-    mixes fits made with other settings, models or data.
+    mixes fits made with other settings, models or data. ``workers``: processes that summarise
+    new fits at once.
     """
     from batchfit.collect import collect
 
     datasets = discover_datasets(config)
-    return collect(config, list(datasets), expected_provenance=expected_digests(config, datasets))
+    return collect(config, list(datasets), expected_provenance=expected_digests(config, datasets), workers=workers)
 
 
 def failure_line(config: Config) -> str | None:

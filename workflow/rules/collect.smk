@@ -8,6 +8,10 @@ rule collect:
         failures=RESULTS / "failures.csv",
     params:
         config_source=CONFIG_SOURCE,
+    # Summarising many new fits goes faster in several processes: the sweep's cores on one
+    # machine; on a cluster collect runs on the submitting host, one core unless
+    # --set-threads collect=N says otherwise.
+    threads: lambda wildcards: total_cores() or 1
     log:
         RESULTS / "logs" / "collect.log",
     benchmark:
