@@ -59,8 +59,9 @@ HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 _MAX_IDS_IN_MESSAGE = 20
 # Fits to summarise per worker process below which collect summarises alone: a worker's start
-# (importing ArviZ, xarray and SciPy, 2-3 s) costs more than ~50 summaries at ~50 ms each.
-MIN_FITS_PER_WORKER = 50
+# (importing ArviZ, xarray and SciPy, ~3 s while collect waits) costs about what two workers save
+# on 150 summaries at ~40 ms each (at N=100 tiny fits, 2 workers made collect 1 s slower).
+MIN_FITS_PER_WORKER = 100
 
 
 class HealthThresholds(Protocol):
