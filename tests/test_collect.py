@@ -470,8 +470,8 @@ def test_worker_processes_summarise_the_new_fits(sweep: Config, tmp_path: Path, 
     its own summarising is made to fail) and collect's outputs equal a collect without workers."""
     import batchfit.collect as collect_module
 
-    write_fit(sweep, "store_08", 5, seed=8)
-    ids = [*IDS, "store_08"]
+    write_fit(sweep, "store 08", 5, seed=8)  # a worker reports ids a line each: a space is part of one
+    ids = [*IDS, "store 08"]
     monkeypatch.setattr(collect_module, "MIN_FITS_PER_WORKER", 2)  # a worker per 2 fits, not per 50
 
     def not_here(self, dataset_id, path):
@@ -481,7 +481,7 @@ def test_worker_processes_summarise_the_new_fits(sweep: Config, tmp_path: Path, 
     with caplog.at_level("INFO", logger="batchfit"):
         report = collect(sweep, ids, workers=2)
     assert "summarised 5 fits in 2 processes" in caplog.text
-    assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07", "store_08"]
+    assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07", "store 08"]
     monkeypatch.undo()
     ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))

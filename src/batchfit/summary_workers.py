@@ -18,19 +18,23 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchfit.collect import SummaryCache
 
 
-def summarise_in_workers(cache: Any, fits: Sequence[tuple[str, Path]], workers: int) -> list[str]:
+def summarise_in_workers(cache: SummaryCache, fits: Sequence[tuple[str, Path]], workers: int) -> list[str]:
     """Write the summary entries of `fits` (dataset id, fit path) in `workers` processes; return the ids written.
 
-    `cache` is a `SummaryCache`. A fit a worker could not summarise is not returned; the caller
-    summarises it itself and reports its error.
+    A fit a worker could not summarise is not returned; the caller summarises it itself and
+    reports its error. A worker whose collect dies stops at its next fit (its pipe is gone); the
+    entries it wrote serve the next collect.
     """
     def run(part: Sequence[tuple[str, Path]]) -> list[str]:
         proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         out, _ = proc.communicate(pickle.dumps((cache.directory, cache.summary, cache.thresholds, list(part))))
-        return out.decode().split()
+        return out.decode().splitlines()  # one id a line: ids may hold spaces
 
     # a thread per worker feeds it and reads its ids, so no worker waits for another's pipes
     with ThreadPoolExecutor(workers) as pool:
