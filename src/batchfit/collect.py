@@ -32,6 +32,7 @@ import xarray as xr
 from arviz_base import rcParams
 from arviz_stats.base import array_stats
 
+from batchfit import diagnostics
 from batchfit.atomic import atomic_path
 from batchfit.combined import (
     SweepLayout,
@@ -376,7 +377,8 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
 def _code_sha256() -> str:
     """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
     here = Path(__file__).parent
-    return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("collect.py", "combined.py"))).hexdigest()
+    sources = ("collect.py", "combined.py", "diagnostics.py")
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
@@ -417,7 +419,8 @@ def summarise_posterior(
     Columns: `stat_columns` (unrounded, as ``arviz_stats.summary(kind="all")`` computes them with
     ``ci_kind``/``ci_prob`` from `summary`; ess_tail at ArviZ's ``stats.ci_prob``, as there), and
     ``variable``, the variable each row belongs to. All elements are stacked and summarised
-    in one vectorised pass with arviz_stats' array functions, instead of one pass per variable.
+    in one vectorised pass: the interval by arviz_stats' array functions, the diagnostics by
+    `batchfit.diagnostics` (arviz_stats' definitions, without its loop over elements).
     """
     summary = summary or SummarySettings()
     wanted = set(posterior.data_vars if names is None else names)
@@ -432,11 +435,8 @@ def summarise_posterior(
             bounds = interval(flat, _ci_prob(summary), axis=-1)
             values = [
                 flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
-                array_stats.ess(draws, method="bulk"),
-                array_stats.ess(draws, method="tail", prob=rcParams["stats.ci_prob"]),
-                array_stats.rhat(draws),
-                array_stats.mcse(draws, method="mean"),
-                array_stats.mcse(draws, method="sd"),
+                diagnostics.ess_bulk(draws), diagnostics.ess_tail(draws, rcParams["stats.ci_prob"]),
+                diagnostics.rhat(draws), diagnostics.mcse_mean(draws), diagnostics.mcse_sd(draws),
             ]
         table = pd.DataFrame(dict(zip(stat_columns(summary), values, strict=True)), index=labels)
     except Exception as exc:

@@ -1,0 +1,82 @@
+"""batchfit.diagnostics against arviz_stats' own functions on the same draws: every statistic
+collect writes, on chains of every shape and autocorrelation and on the edge cases arviz_stats
+treats specially (constant, tied, binary, NaN and infinite draws, too few chains or draws)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from arviz_stats.base import array_stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from batchfit import diagnostics
+
+PROB = 0.89
+
+
+def both(draws: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each statistic by batchfit (vectorised) and by arviz_stats (an element at a time)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # arviz_stats' own warnings for constant or invalid draws
+        return {
+            "ess_bulk": (diagnostics.ess_bulk(draws), array_stats.ess(draws, method="bulk")),
+            "ess_tail": (diagnostics.ess_tail(draws, PROB), array_stats.ess(draws, method="tail", prob=PROB)),
+            "r_hat": (diagnostics.rhat(draws), array_stats.rhat(draws)),
+            "mcse_mean": (diagnostics.mcse_mean(draws), array_stats.mcse(draws, method="mean")),
+            "mcse_sd": (diagnostics.mcse_sd(draws), array_stats.mcse(draws, method="sd")),
+        }
+
+
+def assert_equal_to_arviz(draws: np.ndarray) -> None:
+    for name, (ours, reference) in both(draws).items():
+        assert ours.shape == (draws.shape[0],), name
+        np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=0, equal_nan=True,
+                                   err_msg=f"{name} on draws shaped {draws.shape}")
+
+
+def ar1(rng: np.random.Generator, shape: tuple[int, ...], phi: float) -> np.ndarray:
+    """AR(1) chains along the last axis: autocorrelation `phi` (negative, none, high or near 1)."""
+    noise = rng.normal(size=shape)
+    x = np.empty(shape)
+    x[..., 0] = noise[..., 0]
+    for i in range(1, shape[-1]):
+        x[..., i] = phi * x[..., i - 1] + noise[..., i]
+    return x
+
+
+@pytest.mark.parametrize("chains", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("draws", [3, 4, 5, 8, 9, 10, 101, 1000])
+def test_diagnostics_equal_arviz_stats_on_chains_of_every_shape(chains: int, draws: int) -> None:
+    """Elements from anticorrelated to nearly stuck (the Geyer sequence then runs to its lag bound)."""
+    rng = np.random.default_rng(chains * 1000 + draws)
+    elements = [ar1(rng, (2, chains, draws), phi) for phi in (-0.6, 0.0, 0.5, 0.95, 0.9995)]
+    assert_equal_to_arviz(np.concatenate(elements))
+
+
+def test_diagnostics_equal_arviz_stats_on_its_edge_cases() -> None:
+    rng = np.random.default_rng(3)
+    x = ar1(rng, (10, 4, 200), 0.3)
+    x[0] = 1.5                                     # constant: ess is the draw count, r_hat NaN
+    x[1, 0] = 5.0                                  # one chain constant
+    x[2] = np.round(x[2])                          # ties
+    x[3] = rng.integers(0, 2, size=(4, 200))       # binary
+    x[4, 2] += 10.0                                # one chain elsewhere: r_hat well above 1
+    x[5, 1, 7] = np.nan                            # one NaN draw: NaN everywhere
+    x[6] = np.nan                                  # all NaN
+    x[7, 0, 0] = np.inf                            # one infinite draw
+    x[8] = rng.standard_cauchy(size=(4, 200)) * 1e8  # heavy tails, large scale
+    x[9] *= 1e-12                                  # tiny scale, not constant
+    assert_equal_to_arviz(x)
+    assert np.isnan(both(x)["r_hat"][0][[0, 5, 6]]).all()  # the cases above do what they say
+    assert both(x)["ess_bulk"][0][0] == 800 and both(x)["r_hat"][0][4] > 1.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 40)),
+              elements=st.floats(-1e6, 1e6) | st.sampled_from([0.0, 1.0, np.nan, np.inf, -np.inf])))
+def test_diagnostics_equal_arviz_stats_on_any_draws(draws: np.ndarray) -> None:
+    assert_equal_to_arviz(draws)
