@@ -463,6 +463,43 @@ def test_a_damaged_cache_entry_is_recomputed(sweep: Config) -> None:
     assert collect(sweep, IDS).summarised_ids == ["store_02"]
 
 
+def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:
+    with xr.open_datatree(config.posteriors_path) as tree:
+        for dataset_id in ids:
+            with xr.open_datatree(config.fit_path(dataset_id)) as fit:
+                xr.testing.assert_equal(dataset_posterior(tree["posterior"].ds, tree["datasets"].ds, dataset_id),
+                                        fit["posterior"].to_dataset())
+
+
+def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Config, monkeypatch) -> None:
+    import batchfit.collect as collect_module
+
+    def not_again(path):
+        raise AssertionError(f"{path} was read a second time")
+
+    monkeypatch.setattr(collect_module, "read_posterior", not_again)
+    report = collect(sweep, IDS)
+    assert report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
+    assert_posteriors_equal_fits(sweep, report.posterior_read_ids)
+    assert not (sweep.results_dir / "summaries" / collect_module.STAGED).exists()  # nothing left behind
+
+
+def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> None:
+    """Draws staged for a fit since refitted are not used, nor are damaged ones: the fit is read."""
+    from batchfit.collect import STAGED, SummaryCache
+
+    cache = SummaryCache(sweep.results_dir / "summaries", sweep.summary, sweep.health)
+    cache.entry("store_07", sweep.fit_path("store_07"))  # staged, then a collect stopped before posteriors.nc
+    cache.entry("store_01", sweep.fit_path("store_01"))
+    [damaged] = (cache.directory / STAGED).glob(f"{cache.entry('store_01', sweep.fit_path('store_01'))['key']}.npz")
+    damaged.write_bytes(b"PK\x03\x04 not a zip file")
+    write_fit(sweep, "store_07", 5, seed=70)  # refitted: new draws, a new key
+    report = collect(sweep, IDS)
+    assert report.summarised_ids == ["store_02", "store_03", "store_07"]
+    assert_posteriors_equal_fits(sweep, ["store_01", "store_02", "store_03", "store_07"])
+    assert not (cache.directory / STAGED).exists()
+
+
 # --- summarising in worker processes -----------------------------------------------------------------
 
 def test_worker_processes_summarise_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:

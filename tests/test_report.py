@@ -43,7 +43,7 @@ def write_posteriors(path: Path, n_datasets: int, seed: int = 0) -> dict[str, xr
         layout.add(fit_layout(ds), [], dataset_id)
     with stacked_writer(path, layout, list(groups)) as writer:
         for i, ds in enumerate(groups.values()):
-            writer.put(i, ds)
+            writer.put(i, {name: var.values for name, var in ds.data_vars.items()}, fit_layout(ds)["coords"])
             writer.describe(i, fit_layout(ds), {}, "", 0)
     return groups
 

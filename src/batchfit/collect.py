@@ -18,6 +18,8 @@ import json
 import logging
 import math
 import os
+import shutil
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
 log = logging.getLogger("batchfit")
 
 PREVIOUS_POSTERIORS = "posteriors.previous.nc"  # in the summary cache directory: see _keep_for_next_collect
+STAGED = "staged"  # in the summary cache directory: new fits' draws between collect's passes (SummaryCache._stage)
 SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
@@ -179,7 +182,8 @@ def collect_fits(
     ``workers`` processes at once when there are many (`SummaryCache.fill`). posteriors.nc is
     rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
     layout (kept as a hard link in the cache directory) is copied from it block by block instead
-    of read from its fit (`CollectReport.posterior_read_ids` lists the others).
+    of read from its fit (`CollectReport.posterior_read_ids` lists the others); a fit summarised in
+    this collect is not read again, its draws were staged when it was summarised.
 
     Raises BatchfitError, writing no output (only cache entries), if a dataset has neither a fit
     nor a failure record (the fit stage has not run for it), has both (one of them is stale), or, given
@@ -220,6 +224,7 @@ def collect_fits(
         for name, why in layout.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
         read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
+    cache.clear_stage()
     _keep_for_next_collect(Path(posteriors_path), cache.directory / PREVIOUS_POSTERIORS)
     _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), failures_csv_path)
     log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
@@ -253,12 +258,15 @@ def _write_posteriors(
             if old is not None and block is not None and block[1] == entry["fit_sha256"]:
                 writer.copy(i, old, block[0])
             else:
-                path = Path(fit_path(dataset_id))
-                try:
-                    posterior = read_posterior(path)
-                except (OSError, ValueError, RuntimeError) as exc:
-                    raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
-                writer.put(i, posterior[entry["summarised"]])
+                draws = cache.staged_draws(entry)
+                if draws is None:
+                    path = Path(fit_path(dataset_id))
+                    try:
+                        posterior = read_posterior(path)
+                    except (OSError, ValueError, RuntimeError) as exc:
+                        raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
+                    draws = {name: posterior[name].values for name in entry["summarised"]}
+                writer.put(i, draws, entry["layout"]["coords"])
                 read.append(dataset_id)
             writer.describe(i, entry["layout"], entry["attrs"], entry["fit_sha256"], entry["divergences"])
     return read
@@ -297,13 +305,46 @@ class SummaryCache:
         fit_sha256, key, entry = self._cached(dataset_id, fit)
         if entry is not None:
             return entry
-        entry = self._compute(dataset_id, fit) | {"key": key, "fit_sha256": fit_sha256}
-        path = self.directory / f"{dataset_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
+        entry, draws = self._compute(dataset_id, fit)
+        entry |= {"key": key, "fit_sha256": fit_sha256}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._stage(key, [draws[name] for name in entry["summarised"]])
+        with atomic_path(self.directory / f"{dataset_id}.json") as tmp:
             tmp.write_text(json.dumps(entry))
         self.summarised.append(dataset_id)
         return entry
+
+    def _stage(self, key: str, arrays: list[np.ndarray]) -> None:
+        """Keep the summarised variables' draws for `staged_draws`, by the entry's key (fit content and settings).
+
+        posteriors.nc is written after every entry is known (its layout is their union), so
+        without this each new fit is read twice; reading a fit again costs ~16 ms for a tiny
+        one, mostly netCDF-C opening the file (it reads the metadata of every variable in every
+        group), against ~1 ms to save and load these arrays.
+        """
+        path = self.directory / STAGED / f"{key}.npz"
+        path.parent.mkdir(exist_ok=True)
+        try:
+            with atomic_path(path) as tmp, open(tmp, "wb") as out:
+                np.savez(out, *arrays, allow_pickle=False)  # arr_0, arr_1, ...: no variable name can clash
+        except ValueError:  # object arrays, which only pickle could keep: the fit is read again instead
+            pass
+
+    def staged_draws(self, entry: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """The draws `entry`'s computation staged (summarised variable -> array), taken off the stage; None
+        if there are none (the entry came from the cache) or they cannot be read (the fit is read instead)."""
+        path = self.directory / STAGED / f"{entry['key']}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as staged:
+                return {name: staged[f"arr_{j}"] for j, name in enumerate(entry["summarised"])}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            return None
+        finally:
+            path.unlink(missing_ok=True)
+
+    def clear_stage(self) -> None:
+        """Remove draws no posteriors.nc took (a collect stopped between its passes)."""
+        shutil.rmtree(self.directory / STAGED, ignore_errors=True)
 
     def _cached(self, dataset_id: str, fit: Path) -> tuple[str, str, dict[str, Any] | None]:
         """The fit's sha256, its entry key, and its entry if one with that key is cached."""
@@ -347,15 +388,17 @@ class SummaryCache:
         """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""
         return json.loads((self.directory / f"{dataset_id}.json").read_text())
 
-    def _compute(self, dataset_id: str, path: Path) -> dict[str, Any]:
+    def _compute(self, dataset_id: str, path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The fit's entry (without key and digest) and the draws of its summarised variables."""
         posterior, divergences = read_fit(dataset_id, path)
         summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
         scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
         table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
         columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
-        return {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
-                "table": columns, "layout": fit_layout(posterior[summarised]),
-                "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
+        entry = {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+                 "table": columns, "layout": fit_layout(posterior[summarised]),
+                 "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
+        return entry, {name: posterior[name].values for name in summarised}
 
 
 def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:

@@ -172,15 +172,16 @@ class StackedWriter:
         for key in self.attr_keys:
             self.info.createVariable(key, str, (DATASET_DIM,))
 
-    def put(self, i: int, posterior: xr.Dataset) -> None:
-        """Write one dataset's posterior into block `i`, each value at its labels' positions."""
-        index = {d: np.array([self.positions[d][label] for label in _labels(posterior, d)])
-                 for d in posterior.dims if d in self.positions}
+    def put(self, i: int, draws: Mapping[str, np.ndarray], coords: Mapping[str, Sequence[Any]]) -> None:
+        """Write one dataset's draws (variable -> array, dims as in the layout) into block `i`, each value
+        at the position of its label in `coords` (the fit's labels of each dim, as `fit_layout` gives them)."""
+        index = {d: np.array([self.positions[d][label] for label in labels])
+                 for d, labels in coords.items() if d in self.positions}
         for name in self.layout.variables:
-            if name not in posterior.data_vars:
+            if name not in draws:
                 continue
             var = self.posterior[name]
-            values = posterior[name].values
+            values = draws[name]
             full = [len(self.layout.labels[d]) for d in self.layout.dims[name]]
             if list(values.shape) != full or any(d in self.layout.varying for d in self.layout.dims[name]):
                 block = np.full(full, np.nan)

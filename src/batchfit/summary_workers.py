@@ -1,8 +1,8 @@
 """Summarising many fits in several processes at once, for collect.
 
-A fit's summary (reading it and ArviZ's diagnostics: ~29 ms for a tiny fit) depends on that fit alone, so collect can hand
-new fits to worker processes, each writing the fits' summary cache entries
-(`batchfit.collect.SummaryCache`), and then find them cached. A worker is ``python -m
+A fit's summary (reading it and ArviZ's diagnostics: ~29 ms for a tiny fit) depends on that fit
+alone, so collect can hand new fits to worker processes, each writing the fits' summary cache
+entries and staged draws (`batchfit.collect.SummaryCache`), and then find them cached. A worker is ``python -m
 batchfit.summary_workers`` reading its part on stdin and printing each dataset id whose entry it
 wrote. Plain processes rather than ``multiprocessing``: its spawn and forkserver starts run the
 caller's ``__main__`` file again, which under Snakemake is the rule script itself, and a fork of
