@@ -484,6 +484,23 @@ def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Confi
     assert not (sweep.results_dir / "summaries" / collect_module.STAGED).exists()  # nothing left behind
 
 
+def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> None:
+    import batchfit.collect as collect_module
+    from batchfit.combined import read_posterior
+
+    read = []
+
+    def noted(path: Path) -> xr.Dataset:
+        read.append(path.stem)
+        return read_posterior(path)
+
+    monkeypatch.setattr(collect_module, "STAGE_MAX_BYTES", 0)
+    monkeypatch.setattr(collect_module, "read_posterior", noted)
+    report = collect(sweep, IDS)
+    assert read == report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
+    assert_posteriors_equal_fits(sweep, read)
+
+
 def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> None:
     """Draws staged for a fit since refitted are not used, nor are damaged ones: the fit is read."""
     from batchfit.collect import STAGED, SummaryCache

@@ -56,6 +56,9 @@ log = logging.getLogger("batchfit")
 
 PREVIOUS_POSTERIORS = "posteriors.previous.nc"  # in the summary cache directory: see _keep_for_next_collect
 STAGED = "staged"  # in the summary cache directory: new fits' draws between collect's passes (SummaryCache._stage)
+# Draws staged per fit at most: what staging saves is a file open's fixed cost, which matters for
+# small posteriors; a large one would take as long to stage as to read again, and its disk space twice.
+STAGE_MAX_BYTES = 2**20
 SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
@@ -320,8 +323,10 @@ class SummaryCache:
         posteriors.nc is written after every entry is known (its layout is their union), so
         without this each new fit is read twice; reading a fit again costs ~16 ms for a tiny
         one, mostly netCDF-C opening the file (it reads the metadata of every variable in every
-        group), against ~1 ms to save and load these arrays.
+        group), against ~1 ms to save and load these arrays (up to `STAGE_MAX_BYTES`).
         """
+        if sum(a.nbytes for a in arrays) > STAGE_MAX_BYTES:
+            return
         path = self.directory / STAGED / f"{key}.npz"
         path.parent.mkdir(exist_ok=True)
         try:
