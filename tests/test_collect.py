@@ -471,20 +471,6 @@ def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:
                                         fit["posterior"].to_dataset())
 
 
-def test_posteriors_chunks_hold_several_datasets_within_the_size_limit(sweep: Config) -> None:
-    import netCDF4
-
-    from batchfit.combined import CHUNK_BYTES, DATASETS_PER_CHUNK, _datasets_per_chunk
-
-    collect(sweep, IDS)
-    with netCDF4.Dataset(sweep.posteriors_path) as nc:
-        chunks = {name: var.chunking()[0] for name, var in nc["posterior"].variables.items() if var.ndim > 1}
-    assert chunks == {"a": 4, "sigma": 4, "L": 4}  # the 4 fitted datasets, every block small
-    assert _datasets_per_chunk(1000, 100) == DATASETS_PER_CHUNK
-    assert _datasets_per_chunk(1000, CHUNK_BYTES // 3) == 3
-    assert _datasets_per_chunk(1000, 10 * CHUNK_BYTES) == 1  # a large block: one per chunk
-
-
 def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Config, monkeypatch) -> None:
     import batchfit.collect as collect_module
 

@@ -5,10 +5,9 @@ datasets took 151 s to write) and ArviZ cannot read it (a group is not an Infere
 layout has a fixed number of variables whatever the number of datasets, and is a DataTree that
 ArviZ takes as it is:
 
-* ``/posterior``: each variable as ``(dataset, chain, draw, *dims)``, written one dataset at a
-  time and streamed to disk, never held in memory; an HDF5 chunk holds up to 16 consecutive
-  datasets (`DATASETS_PER_CHUNK`, within `CHUNK_BYTES`), since one chunk per dataset made
-  HDF5's chunk index, kept in memory, grow with the number of datasets.
+* ``/posterior``: each variable as ``(dataset, chain, draw, *dims)``, one HDF5 chunk per dataset,
+  so a dataset is written (and read back) in one piece and the file is streamed to disk, never
+  held in memory.
 * ``/datasets``: one row per dataset: every root attribute of its fit (as text: ``model_hash``,
   ``created_at``, ``versions``, ...), ``fit_sha256`` (the fit file's content, used to reuse the
   dataset's block on the next collect), ``divergences``, and the masks below.
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -152,10 +150,9 @@ class StackedWriter:
         for name in layout.variables:
             dtype, natural = layout.dtype(name), np.result_type(*[np.dtype(d) for d in layout.dtypes[name]])
             stored = np.dtype(np.int8) if dtype.kind == "b" else dtype
-            shape = [max(1, len(layout.labels[d])) for d in layout.dims[name]]
-            per_chunk = _datasets_per_chunk(len(dataset_ids), stored.itemsize * math.prod(shape))
+            shape = [len(layout.labels[d]) for d in layout.dims[name]]
             var = self.posterior.createVariable(
-                name, stored, (DATASET_DIM, *layout.dims[name]), chunksizes=(per_chunk, *shape),
+                name, stored, (DATASET_DIM, *layout.dims[name]), chunksizes=(1, *[max(1, n) for n in shape]),
                 fill_value=np.nan if stored.kind == "f" else False)
             attrs = {k: v if not isinstance(v, bool | dict | list) else json.dumps(v)
                      for k, v in layout.attrs[name].items()}
@@ -212,19 +209,6 @@ class StackedWriter:
                 mine = set(posterior_layout["coords"].get(d, []))
                 self.info[f"{d}_present"][i] = np.array([label in mine for label in self.layout.labels[d]],
                                                         dtype=np.int8)
-
-
-# Datasets per HDF5 chunk of a posteriors.nc variable, at most, and the chunk's size it may not pass
-# (unless one dataset's block does). One dataset per chunk made collect's memory grow with N: HDF5
-# keeps the chunk index's metadata in memory (scratch: writing 5 tiny variables of 1,000 and
-# 10,000 datasets grew RSS by 17 and 28 MiB a chunk per dataset, by 18 and 19 MiB 16 per chunk).
-DATASETS_PER_CHUNK = 16
-CHUNK_BYTES = 2**18
-
-
-def _datasets_per_chunk(n_datasets: int, block_bytes: int) -> int:
-    """How many datasets' blocks one chunk holds: up to `DATASETS_PER_CHUNK` within `CHUNK_BYTES`, at least one."""
-    return max(1, min(DATASETS_PER_CHUNK, n_datasets, CHUNK_BYTES // max(1, block_bytes)))
 
 
 def _coordinate(group: netCDF4.Group, dim: str, labels: list[Any]) -> None:
