@@ -157,3 +157,30 @@ assert not issubclass(type(sys.modules["jax"]), importlib.util._LazyModule), (
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_nutpie_imports_without_loading_arviz_until_an_arviz_name_is_used():
+    """In a fresh process: nutpie still imports ``arviz`` (else the stand-in can go), through
+    `import_nutpie` that loads none of arviz_stats, arviz_plots, matplotlib or scipy.stats; the first
+    arviz name read (by nutpie's module, or a user's ``import arviz``) is the package's own."""
+    import subprocess
+
+    code = """
+import sys
+from batchfit.compat import import_nutpie
+
+heavy = ("arviz_stats", "arviz_plots", "matplotlib", "scipy.stats")
+import_nutpie()
+sample_module = sys.modules["nutpie.sample"]  # nutpie.sample is the function
+assert "arviz" in vars(sample_module), "nutpie no longer imports arviz in nutpie/sample.py: remove the stand-in"
+assert [m for m in heavy if m in sys.modules] == [], [m for m in heavy if m in sys.modules]
+import arviz
+import arviz_base
+assert sample_module.arviz.from_dict is arviz_base.from_dict
+assert all(m in sys.modules for m in heavy), [m for m in heavy if m not in sys.modules]
+import arviz_stats
+assert arviz.summary is arviz_stats.summary and "summary" in dir(arviz)
+assert type(sys.modules["arviz"]).__name__ == "module" and sys.modules["arviz"].__file__.endswith("__init__.py")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr

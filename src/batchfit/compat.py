@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from weakref import WeakKeyDictionary
 
 __all__ = [
     "NUTPIE_THREAD_PREFIX",
     "dispatched_densities",
+    "import_nutpie",
     "lazy_jax_hidden",
     "library_roots",
     "is_numba_cache_reader",
@@ -228,6 +230,43 @@ def is_numba_cache_reader(function: str, filename: str) -> bool:
     return function in ("_load_index", "_load_data") and filename.endswith(os.path.join("numba", "core", "caching.py"))
 
 
+# --- nutpie: imported without the arviz it never uses for us ------------------------------------
+
+class _LoadedOnFirstUse(ModuleType):
+    """Stands in for a package in ``sys.modules`` until one of its names is read, then loads it.
+
+    Not ``importlib.util.LazyLoader``: on CPython 3.12 a second ``import arviz`` reads the lazy
+    module's ``__spec__`` (``import_ensure_initialized``), and any attribute read loads it. A
+    plain module's ``__spec__`` is None, and ``__getattr__`` sees only the names it lacks. Once
+    loaded, the stand-in takes the package's names too: a module that bound it meanwhile (or a
+    user's ``import arviz``) sees the package's own ``dir()`` and values.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        package = importlib.import_module(self.__name__)
+        vars(self).update(vars(package))
+        return getattr(package, name)
+
+
+def import_nutpie() -> ModuleType:
+    """``import nutpie``, with the ``arviz`` it imports loaded only when one of its names is used.
+
+    nutpie 0.16 imports ``arviz`` at the top of ``nutpie/sample.py`` for ``arviz.from_dict``; the
+    arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
+    (matplotlib.pyplot) with it: ~1.3 s of every fit job's first dataset, for names batchfit's
+    path never uses (it builds the trace itself, `nutpie_trace`). PyMC defers its own arviz
+    import for the same reason (pymc-devs/pymc#8276). Whoever does use arviz (nutpie's own
+    compile path, a user's notebook) gets the whole package on its first name.
+    """
+    if "nutpie" not in sys.modules and "arviz" not in sys.modules:
+        sys.modules["arviz"] = _LoadedOnFirstUse("arviz")
+    import nutpie
+
+    return nutpie
+
+
 # --- nutpie: a sampler model from our own callbacks --------------------------------------------
 
 def nutpie_model(*, dims: dict[str, Any], reparameterized_names: Sequence[str], logp: Any, expand: Any,
@@ -241,6 +280,7 @@ def nutpie_model(*, dims: dict[str, Any], reparameterized_names: Sequence[str], 
     ``shared_var_keys``, ``user_data``, ``n_expanded``, ``shape_info``) are filled here as that
     function fills them. ``shared_var_keys`` is empty: ``with_data`` is not used, a new record is.
     """
+    import_nutpie()
     from nutpie.compile_pymc import CompiledPyMCModel
 
     return CompiledPyMCModel(

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import importlib
 import json
 import logging
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from batchfit.cache import CacheDir, CorruptEntry, Fetched, get_or_build
 from batchfit.cache_heal import damage_message, heal_after, is_damage_error, retry_after_healing
 from batchfit.callbacks import WrapperSpec, make_callback, missing_inner
+from batchfit.compat import import_nutpie
 from batchfit.config import OutputSettings
 from batchfit.errors import BatchfitError
 from batchfit.extras import warm_extras
@@ -205,7 +205,7 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, 
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
            "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding),
            "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
-    with _importing_beside("nutpie"):
+    with _importing_beside(import_nutpie):
         proc = _run_worker(cmd)
     if proc.returncode == HEALED_EXIT:
         warnings.warn(f"compiling cache entry {key[:12]}: {_result(proc)['healed']}", stacklevel=3)
@@ -217,18 +217,16 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, 
 
 
 @contextlib.contextmanager
-def _importing_beside(module: str) -> Iterator[None]:
-    """Import ``module`` in a background thread while the block runs (the block must import nothing).
+def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
+    """Run the import ``load`` in a background thread while the block runs (the block must import nothing).
 
     Used while the compile worker runs: this process only waits for it (seconds, on one core),
-    and every caller samples from the entry next, so importing nutpie (arviz and scipy.stats with
-    it; ~1.3 s on an idle core) beside the compile instead of after it shortens a cold job by
-    that much. The waiting thread holds no GIL. The import thread is joined before the block's
-    caller goes on: two threads importing at once can deadlock on importlib's module locks
-    ("deadlock detected by _ModuleLock").
+    and every caller samples from the entry next, so importing nutpie beside the compile instead
+    of after it shortens a cold job by that much. The waiting thread holds no GIL. The import
+    thread is joined before the block's caller goes on: two threads importing at once can
+    deadlock on importlib's module locks ("deadlock detected by _ModuleLock").
     """
-    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"batchfit-import-{module}",
-                              daemon=True)
+    thread = threading.Thread(target=load, name=f"batchfit-import-{load.__name__}", daemon=True)
     thread.start()
     try:
         yield
@@ -295,4 +293,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from batchfit.quick_exit import quick_exit
+
+    quick_exit(main())  # the work is done, its files closed: no interpreter teardown

@@ -25,7 +25,7 @@ from batchfit import __version__
 from batchfit.atomic import atomic_path, remove_stale_temporaries
 from batchfit.cache import CacheDir, open_cache
 from batchfit.coding import Coding, sweep_coding
-from batchfit.compat import nutpie_trace, wait_for_sampler_threads
+from batchfit.compat import import_nutpie, nutpie_trace, wait_for_sampler_threads
 from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
@@ -275,10 +275,8 @@ class Fitter:
         waits for them (`after_sampling`), not this call, since other datasets' samplers may
         still be running and their threads end only once this thread has taken their results.
         """
-        import nutpie
-
         s = self.config.sampler
-        sampler = nutpie.sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
+        sampler = import_nutpie().sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
                                 cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
                                 progress_bar=False, save_warmup=False, blocking=False, return_raw_trace=True)
         if not blocking:

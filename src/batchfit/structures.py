@@ -23,6 +23,7 @@ import numpy as np
 
 from batchfit.cache import CacheDir
 from batchfit.cache_heal import retry_after_healing
+from batchfit.compat import import_nutpie
 from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
 from batchfit.errors import ModelContractError, one_line
@@ -77,9 +78,7 @@ class Structure:
         variant = _sizes_and_baked_values(model)
         compiled = self._nutpie.get(variant)
         if compiled is None:
-            import nutpie
-
-            compiled = nutpie.compile_pymc_model(model)
+            compiled = import_nutpie().compile_pymc_model(model)
             self._nutpie[variant] = compiled
             return compiled
         names = {var.name for var in compiled.shared_var_keys}
