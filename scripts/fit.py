@@ -1,5 +1,6 @@
 """Snakemake rule `fit`: fit one batch of datasets with one compiled model."""
 from batchfit.pipeline import log_to, snakemake_config, still_pending
+from batchfit.quick_exit import quick_exit
 
 # The config first: it sets the CPU target numba compiles for, before batchfit.fit loads numba.
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
@@ -8,3 +9,4 @@ from batchfit.fit import fit_batch  # noqa: E402
 with log_to(snakemake.log[0]):
     datasets = still_pending(config, snakemake.params.datasets)
     fit_batch(config, datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

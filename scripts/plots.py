@@ -1,7 +1,9 @@
 """Snakemake rule `plots`: health and forest plots under results_dir/plots/."""
 from batchfit.pipeline import log_to, snakemake_config
 from batchfit.plots import write_plots
+from batchfit.quick_exit import quick_exit
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
     write_plots(config)
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

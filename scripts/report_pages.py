@@ -1,7 +1,9 @@
 """Snakemake rule `report_pages`: health, tables and provenance as HTML under results_dir/report/."""
 from batchfit.pipeline import log_to, snakemake_config
+from batchfit.quick_exit import quick_exit
 from batchfit.report import write_report_pages
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
     write_report_pages(config)
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -1,8 +1,10 @@
 """Snakemake rule `sbc_fit`: fit one batch of simulated datasets with one compiled model."""
 from batchfit.fit import fit_batch
 from batchfit.pipeline import log_to, snakemake_config
+from batchfit.quick_exit import quick_exit
 from batchfit.sbc import sbc_config
 
 config = sbc_config(snakemake_config(snakemake.config, snakemake.params.config_source))
 with log_to(snakemake.log[0]):
     fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -2,6 +2,7 @@
 import logging
 
 from batchfit.pipeline import log_to, snakemake_config, write_json
+from batchfit.quick_exit import quick_exit
 from batchfit.sbc import simulate
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
@@ -9,3 +10,4 @@ with log_to(snakemake.log[0]):
     report = simulate(config)
     logging.getLogger("batchfit").info(report.one_line())
     write_json(snakemake.output[0], {"n_simulations": config.sbc.n_simulations, "written": report.written})
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from batchfit.pipeline import failure_line, log_to, snakemake_config
+from batchfit.quick_exit import quick_exit
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
@@ -14,3 +15,4 @@ with log_to(snakemake.log[0]):
         logging.getLogger("batchfit").error("%s", line)
         print(line, file=sys.stderr)
         sys.exit(1)
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

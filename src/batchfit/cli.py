@@ -21,6 +21,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from batchfit.errors import BatchfitError
 
@@ -205,5 +206,13 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def run() -> NoReturn:
+    """The ``batchfit`` console script: `main`, then an exit without the interpreter's teardown
+    (`batchfit.quick_exit`); an exception leaves through Python's normal exit."""
+    from batchfit.quick_exit import quick_exit
+
+    quick_exit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

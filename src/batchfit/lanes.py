@@ -293,4 +293,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from batchfit.quick_exit import quick_exit
+
+    quick_exit(main())  # the work is done, its files closed: no interpreter teardown

@@ -57,4 +57,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from batchfit.quick_exit import quick_exit
+
     main()
+    quick_exit()  # the work is done, its files closed: no interpreter teardown
