@@ -72,27 +72,35 @@ def test_an_unknown_report_variable_is_a_config_error_naming_the_key(tmp_path):
     assert "'sigma'" in str(info.value)
 
 
-def test_forest_labels_every_row_up_to_max_rows(tmp_path):
-    write_posteriors(tmp_path / "posteriors.nc", 5)
-    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())["mu"]
-    fig = forest_figure(draws, max_rows=5, summary=SummarySettings())
-    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
-    assert set(draws["dataset"].values) <= texts
-
-
 @pytest.mark.parametrize("ci_kind", ["hdi", "eti"])
-def test_summary_view_draws_arviz_intervals_sorted_by_mean(tmp_path, ci_kind):
+@pytest.mark.parametrize("max_rows", [30, 10], ids=["a-row-each", "summary-view"])
+def test_forest_draws_arviz_intervals_and_means_row_by_row(tmp_path, ci_kind, max_rows):
+    """Up to `max_rows` rows: every row labelled, the first dataset on top; past it, sorted by mean
+    with a few labels. Each row, found by its label, shows that dataset's arviz-stats interval
+    at `ci_prob` and at 50% and its mean."""
     write_posteriors(tmp_path / "posteriors.nc", 30, seed=3)
     draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())["mu"]
     summary = SummarySettings(ci_prob=0.9, ci_kind=ci_kind)
-    fig = forest_figure(draws, max_rows=10, summary=summary)
+    fig = forest_figure(draws, max_rows=max_rows, summary=summary)
     ax = fig.axes[0]
-    assert len(ax.get_yticklabels()) <= 11  # a summary view: not a label per row
-    segments = np.array(ax.collections[0].get_segments())  # the outer intervals, bottom to top
-    reference = getattr(azs, ci_kind)(draws, prob=0.9, dim=["chain", "draw"])
-    order = np.argsort(draws.mean(["chain", "draw"]).values, kind="stable")
-    np.testing.assert_allclose(segments[:, 0, 0], reference.values[order, 0])
-    np.testing.assert_allclose(segments[:, 1, 0], reference.values[order, 1])
+    labels = {round(tick): label.get_text() for tick, label in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)}
+    if max_rows >= 30:
+        assert [labels[row] for row in sorted(labels, reverse=True)] == list(draws["dataset"].values)
+    else:
+        assert len(labels) <= 11
+    outer, inner = (np.array(c.get_segments()) for c in ax.collections[:2])  # one segment per row, bottom to top
+    [means] = ax.lines
+    by_label = {str(d): i for i, d in enumerate(draws["dataset"].values)}
+    reference = {prob: getattr(azs, ci_kind)(draws, prob=prob, dim=["chain", "draw"]).values for prob in (0.9, 0.5)}
+    mean = draws.mean(["chain", "draw"]).values
+    for row, label in labels.items():
+        i = by_label[label]
+        np.testing.assert_allclose(outer[row, :, 0], reference[0.9][i])
+        np.testing.assert_allclose(inner[row, :, 0], reference[0.5][i])
+        np.testing.assert_allclose(outer[row, :, 1], row)
+        np.testing.assert_allclose(means.get_xydata()[row], [mean[i], row])
+    if max_rows < 30:
+        assert np.all(np.diff(means.get_xydata()[:, 0]) >= 0)  # sorted by mean, bottom to top
 
 
 def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):

@@ -12,11 +12,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import xarray as xr
 from arviz_stats.base import array_stats
+from matplotlib.figure import Figure
 
 from batchfit.atomic import atomic_path
 from batchfit.collect import _ci_prob, _stack_elements
@@ -61,7 +61,8 @@ def plot_health(summary: pd.DataFrame, path: Path) -> None:
     """Bar charts: datasets per status, and warnings per threshold crossed."""
     datasets = dataset_table(summary)
     counts, reasons = status_counts(datasets), reason_counts(datasets)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3), layout="constrained")
+    fig = Figure(figsize=(9, 3), layout="constrained")
+    left, right = fig.subplots(1, 2)
     bars = left.barh(list(counts), list(counts.values()), color=[_STATUS_COLOURS[s] for s in counts])
     left.bar_label(bars)
     left.set_title(f"{len(datasets)} datasets")
@@ -115,46 +116,39 @@ def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, x
                                coords={"dataset": labels[name]}, name=name) for name in names if blocks[name]}
 
 
-def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySettings) -> plt.Figure:
-    """A forest plot of one variable across datasets (arviz-plots), or a summary view past `max_rows` rows.
+def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySettings) -> Figure:
+    """A forest plot of one variable across datasets: a row each, in order from the top, labelled;
+    past `max_rows` rows a summary view, sorted by mean with a label on a few rows only.
 
-    Intervals are `summary.ci_kind` at `summary.ci_prob` (as summary.csv's) and at 50%.
+    Each row shows its mean, its `summary.ci_kind` interval at `summary.ci_prob` (as
+    summary.csv's) and at 50% (thicker), from arviz-stats' interval functions: what
+    arviz-plots' ``plot_forest(combined=True)`` shows, drawn in three matplotlib calls for all
+    rows at once (arviz-plots draws each row with calls of its own: 97 s for 1,000 rows, and
+    most of the plots rule's time at 20).
     """
     n_rows = draws.sizes["dataset"]
-    if n_rows > max_rows:
-        return _sorted_intervals_figure(draws, summary)
-    import arviz_plots as azp
-
-    tree = xr.DataTree.from_dict({"posterior": draws.to_dataset()})
-    pc = azp.plot_forest(tree, combined=True, backend="matplotlib", ci_kind=summary.ci_kind,
-                         ci_probs=(_INNER_PROB, _ci_prob(summary)),
-                         figure_kwargs={"figsize": (7, 1.2 + 0.25 * n_rows)})
-    return pc.viz["figure"].item()
-
-
-def _sorted_intervals_figure(draws: xr.DataArray, summary: SummarySettings) -> plt.Figure:
-    """Summary view for many rows: every row's intervals, sorted by mean, a label on a few rows only.
-
-    arviz-plots' forest draws each row with separate calls (97 s for 1,000 rows), so this view
-    draws all intervals at once with matplotlib, from arviz-stats' interval functions.
-    """
-    flat = draws.transpose("dataset", ...).values.reshape(draws.sizes["dataset"], -1)
+    flat = draws.transpose("dataset", ...).values.reshape(n_rows, -1)
     interval = array_stats.eti if summary.ci_kind == "eti" else array_stats.hdi
     outer = interval(flat, _ci_prob(summary), axis=-1)
     inner = interval(flat, _INNER_PROB, axis=-1)
     mean = flat.mean(axis=-1)
-    order = np.argsort(mean, kind="stable")
-    rows = np.arange(len(order))
-    fig, ax = plt.subplots(figsize=(7, 6), layout="constrained")
-    ax.hlines(rows, outer[order, 0], outer[order, 1], lw=0.6, color="C0", alpha=0.5,
-              label=f"{int(_ci_prob(summary) * 100)}% {summary.ci_kind}")
-    ax.hlines(rows, inner[order, 0], inner[order, 1], lw=1.5, color="C0", label=f"50% {summary.ci_kind}")
-    ax.plot(mean[order], rows, ".", ms=2, color="k", label="mean")
-    ticks = np.unique(np.linspace(0, len(order) - 1, 11).round().astype(int))
-    ax.set_yticks(ticks, [str(draws["dataset"].values[order[i]]) for i in ticks], fontsize=8)
-    ax.set_ylim(-1, len(order))
-    ax.set_title(f"{draws.name}: {len(order)} rows sorted by posterior mean")
-    ax.legend(loc="lower right", fontsize=8)
+    labels = [str(label) for label in draws["dataset"].values]
+    sorted_view = n_rows > max_rows
+    # order[row]: the dataset drawn at height `row` (row 0 at the bottom)
+    order = np.argsort(mean, kind="stable") if sorted_view else np.arange(n_rows)[::-1]
+    rows = np.arange(n_rows)
+    fig = Figure(figsize=(7, 6) if sorted_view else (7, 1.2 + 0.25 * n_rows), layout="constrained")
+    ax = fig.subplots()
+    ax.hlines(rows, outer[order, 0], outer[order, 1], lw=0.6 if sorted_view else 1.0, color="C0",
+              alpha=0.5 if sorted_view else 1.0, label=f"{int(_ci_prob(summary) * 100)}% {summary.ci_kind}")
+    ax.hlines(rows, inner[order, 0], inner[order, 1], lw=1.5 if sorted_view else 3.0, color="C0",
+              label=f"50% {summary.ci_kind}")
+    ax.plot(mean[order], rows, ".", ms=2 if sorted_view else 6, color="k", label="mean")
+    ticks = np.unique(np.linspace(0, n_rows - 1, 11).round().astype(int)) if sorted_view else rows
+    ax.set_yticks(ticks, [labels[order[i]] for i in ticks], fontsize=8)
+    ax.set_ylim(-1, n_rows)
+    ax.set_title(f"{draws.name}: {n_rows} rows sorted by posterior mean" if sorted_view else str(draws.name))
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)  # below, over no row
     return fig
 
 
@@ -190,8 +184,7 @@ def copy_sbc_plots(sources: Sequence[str | Path], sbc_dir: str | Path, out: str 
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
-    """Write a figure atomically, as every output of a sweep, and free it."""
+def _save(fig: Figure, path: Path) -> None:
+    """Write a figure atomically, as every output of a sweep (a `Figure` without pyplot: nothing to close)."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
