@@ -1,6 +1,6 @@
-"""batchfit.diagnostics against arviz_stats' own functions on the same draws: every statistic
-collect writes, on chains of every shape and autocorrelation and on the edge cases arviz_stats
-treats specially (constant, tied, binary, NaN and infinite draws, too few chains or draws)."""
+"""batchfit.diagnostics and batchfit.intervals against arviz_stats' own functions on the same draws:
+every statistic collect writes, on chains of every shape and autocorrelation and on the edge cases
+arviz_stats treats specially (constant, tied, binary, NaN and infinite draws, too few chains or draws)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from batchfit import diagnostics
+from batchfit import diagnostics, intervals
 
 PROB = 0.89
 
 
 def both(draws: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each statistic by batchfit (vectorised) and by arviz_stats (an element at a time)."""
+    """Each statistic by batchfit (vectorised) and by arviz_stats (an element at a time); intervals at
+    ArviZ's default probability, at 50% (the forest plots' inner one) and at 1."""
+    flat = draws.reshape(draws.shape[0], -1)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # arviz_stats' own warnings for constant or invalid draws
         return {
+            **{f"{kind} {prob}": (getattr(intervals, kind)(flat, prob), getattr(array_stats, kind)(flat, prob))
+               for kind in ("hdi", "eti") for prob in (PROB, 0.5, 1.0)},
             "ess_bulk": (diagnostics.ess_bulk(draws), array_stats.ess(draws, method="bulk")),
             "ess_tail": (diagnostics.ess_tail(draws, PROB), array_stats.ess(draws, method="tail", prob=PROB)),
             "r_hat": (diagnostics.rhat(draws), array_stats.rhat(draws)),
@@ -33,7 +37,7 @@ def both(draws: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def assert_equal_to_arviz(draws: np.ndarray) -> None:
     for name, (ours, reference) in both(draws).items():
-        assert ours.shape == (draws.shape[0],), name
+        assert ours.shape == reference.shape and ours.shape[0] == draws.shape[0], name
         np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=0, equal_nan=True,
                                    err_msg=f"{name} on draws shaped {draws.shape}")
 
@@ -80,3 +84,26 @@ def test_diagnostics_equal_arviz_stats_on_its_edge_cases() -> None:
               elements=st.floats(-1e6, 1e6) | st.sampled_from([0.0, 1.0, np.nan, np.inf, -np.inf])))
 def test_diagnostics_equal_arviz_stats_on_any_draws(draws: np.ndarray) -> None:
     assert_equal_to_arviz(draws)
+
+
+@pytest.mark.parametrize("prob", [0.01, 0.5, 0.89, 0.94, 1.0])
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101])
+def test_intervals_equal_arviz_stats_on_integer_and_tied_samples(prob: float, n: int) -> None:
+    """Discrete variables' integer draws (intervals of floats, as arviz_stats gives), ties, any sample count."""
+    rng = np.random.default_rng(n)
+    for rows in (rng.integers(0, 4, size=(5, n)), np.round(rng.normal(size=(5, n)), 1)):
+        for kind in ("hdi", "eti"):
+            ours, reference = getattr(intervals, kind)(rows, prob), getattr(array_stats, kind)(rows, prob)
+            np.testing.assert_array_equal(ours, reference, err_msg=f"{kind} {prob} on {rows.dtype} rows of {n}")
+            assert ours.dtype == reference.dtype == np.float64
+    with pytest.raises(ValueError, match="prob"):
+        intervals.hdi(rows, 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 30)),
+              elements=st.sampled_from([0.0, 1.0, -2.5, np.nan, np.inf, -np.inf]) | st.floats(-10, 10)))
+def test_average_ranks_equal_scipy_rankdata(rows: np.ndarray) -> None:
+    from scipy import stats
+
+    np.testing.assert_array_equal(diagnostics._average_ranks(rows), stats.rankdata(rows, method="average", axis=-1))

@@ -32,9 +32,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 from arviz_base import rcParams
-from arviz_stats.base import array_stats
 
-from batchfit import diagnostics
+from batchfit import diagnostics, intervals
 from batchfit.atomic import atomic_path
 from batchfit.combined import (
     SweepLayout,
@@ -426,7 +425,7 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
 def _code_sha256() -> str:
     """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
     here = Path(__file__).parent
-    sources = ("collect.py", "combined.py", "diagnostics.py")
+    sources = ("collect.py", "combined.py", "diagnostics.py", "intervals.py")
     return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
 
 
@@ -468,7 +467,7 @@ def summarise_posterior(
     Columns: `stat_columns` (unrounded, as ``arviz_stats.summary(kind="all")`` computes them with
     ``ci_kind``/``ci_prob`` from `summary`; ess_tail at ArviZ's ``stats.ci_prob``, as there), and
     ``variable``, the variable each row belongs to. All elements are stacked and summarised
-    in one vectorised pass: the interval by arviz_stats' array functions, the diagnostics by
+    in one vectorised pass: the interval by `batchfit.intervals`, the diagnostics by
     `batchfit.diagnostics` (arviz_stats' definitions, without its loop over elements).
     """
     summary = summary or SummarySettings()
@@ -479,9 +478,9 @@ def summarise_posterior(
     try:
         labels, owners, draws = _stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
-        interval = array_stats.eti if summary.ci_kind == "eti" else array_stats.hdi
+        interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
-            bounds = interval(flat, _ci_prob(summary), axis=-1)
+            bounds = interval(flat, _ci_prob(summary))
             values = [
                 flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
                 diagnostics.ess_bulk(draws), diagnostics.ess_tail(draws, rcParams["stats.ci_prob"]),

@@ -14,7 +14,7 @@ cases included.
 from __future__ import annotations
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 from scipy.fftpack import next_fast_len  # 5-smooth lengths, as arviz_stats pads (scipy.fft's differ)
 
 MIN_DRAWS = 4  # fewer draws per chain: NaN, as arviz_stats' `not_valid`
@@ -92,9 +92,29 @@ def _split_chains(x: np.ndarray) -> np.ndarray:
 def _z_scale(x: np.ndarray) -> np.ndarray:
     """Normal scores of each element's ranks over all its draws (average ranks for ties; Blom's offset 3/8)."""
     size = x.shape[1] * x.shape[2]
-    ranks = stats.rankdata(_flat(x), method="average", axis=-1)
+    ranks = _average_ranks(_flat(x))
     # stats.norm.ppf is special.ndtri behind checks that cost four times the computation here
     return special.ndtri((ranks - 3 / 8) / (size - 2 * 3 / 8 + 1)).reshape(x.shape)
+
+
+def _average_ranks(rows: np.ndarray) -> np.ndarray:
+    """Ranks 1..n within each row, ties sharing their average rank, a row with a NaN all NaN (an infinite
+    draw's folded value is): ``scipy.stats.rankdata(method="average")`` without importing scipy.stats
+    (~0.4 s of every collect and plots job; see `batchfit.intervals`)."""
+    n = rows.shape[-1]
+    order = np.argsort(rows, axis=-1, kind="stable")
+    ordered = np.take_along_axis(rows, order, axis=-1)
+    position = np.broadcast_to(np.arange(n), rows.shape)
+    starts = np.ones(rows.shape, dtype=bool)  # each tie group's first sorted position ...
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ends = np.ones(rows.shape, dtype=bool)  # ... and its last
+    ends[:, :-1] = starts[:, 1:]
+    first = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)
+    last = np.minimum.accumulate(np.where(ends, position, n - 1)[:, ::-1], axis=-1)[:, ::-1]
+    ranks = np.empty(rows.shape)
+    np.put_along_axis(ranks, order, (first + last) / 2 + 1, axis=-1)
+    ranks[np.isnan(rows).any(axis=-1)] = np.nan
+    return ranks
 
 
 def _ess_quantile(x: np.ndarray, prob: float) -> np.ndarray:

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-from arviz_stats.base import array_stats
 from matplotlib.figure import Figure
 
+from batchfit import intervals
 from batchfit.atomic import atomic_path
 from batchfit.collect import _ci_prob, _stack_elements
 from batchfit.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
@@ -121,16 +121,16 @@ def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySetting
     past `max_rows` rows a summary view, sorted by mean with a label on a few rows only.
 
     Each row shows its mean, its `summary.ci_kind` interval at `summary.ci_prob` (as
-    summary.csv's) and at 50% (thicker), from arviz-stats' interval functions: what
+    summary.csv's) and at 50% (thicker), as arviz-stats defines them (`batchfit.intervals`): what
     arviz-plots' ``plot_forest(combined=True)`` shows, drawn in three matplotlib calls for all
     rows at once (arviz-plots draws each row with calls of its own: 97 s for 1,000 rows, and
     most of the plots rule's time at 20).
     """
     n_rows = draws.sizes["dataset"]
     flat = draws.transpose("dataset", ...).values.reshape(n_rows, -1)
-    interval = array_stats.eti if summary.ci_kind == "eti" else array_stats.hdi
-    outer = interval(flat, _ci_prob(summary), axis=-1)
-    inner = interval(flat, _INNER_PROB, axis=-1)
+    interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
+    outer = interval(flat, _ci_prob(summary))
+    inner = interval(flat, _INNER_PROB)
     mean = flat.mean(axis=-1)
     labels = [str(label) for label in draws["dataset"].values]
     sorted_view = n_rows > max_rows
