@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -49,7 +48,7 @@ from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.provenance import file_sha256
 from batchfit.summary_workers import summarise_in_workers
-from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars
+from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars, stack_elements
 
 log = logging.getLogger("batchfit")
 
@@ -58,7 +57,6 @@ STAGED = "staged"  # in the summary cache directory: new fits' draws between col
 # Draws staged per fit at most: what staging saves is a file open's fixed cost, which matters for
 # small posteriors; a large one would take as long to stage as to read again, and its disk space twice.
 STAGE_MAX_BYTES = 2**20
-SAMPLE_DIMS = ["chain", "draw"]
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
 HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path"]
@@ -412,7 +410,7 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
     collect), the variables they select are.
     """
     parts = {
-        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, _ci_prob(summary)],
+        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, summary.interval_prob],
         "health": [thresholds.var_names, thresholds.filter_vars],
         "ess_tail_prob": rcParams["stats.ci_prob"],
         "versions": {name: version(name) for name in ("arviz-stats", "arviz-base", "numpy", "xarray")},
@@ -425,7 +423,7 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
 def _code_sha256() -> str:
     """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
     here = Path(__file__).parent
-    sources = ("collect.py", "combined.py", "diagnostics.py", "intervals.py")
+    sources = ("collect.py", "combined.py", "diagnostics.py", "intervals.py", "variables.py")
     return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
 
 
@@ -450,12 +448,8 @@ def summary_columns(summary: SummarySettings) -> list[str]:
 
 def stat_columns(summary: SummarySettings) -> list[str]:
     """The statistics of `summarise_posterior`, in the order of ``arviz_stats.summary(kind="all")``."""
-    prefix = f"{summary.ci_kind}{int(_ci_prob(summary) * 100)}"  # ArviZ truncates: 0.945 -> 94
+    prefix = f"{summary.ci_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
     return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub", "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
-
-
-def _ci_prob(summary: SummarySettings) -> float:
-    return rcParams["stats.ci_prob"] if summary.ci_prob is None else summary.ci_prob
 
 
 def summarise_posterior(
@@ -476,11 +470,11 @@ def summarise_posterior(
     if not names:
         return pd.DataFrame(columns=[*stat_columns(summary), "variable"], dtype=float)
     try:
-        labels, owners, draws = _stack_elements(posterior[names])
+        labels, owners, draws = stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
         interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
-            bounds = interval(flat, _ci_prob(summary))
+            bounds = interval(flat, summary.interval_prob)
             values = [
                 flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
                 diagnostics.ess_bulk(draws), diagnostics.ess_tail(draws, rcParams["stats.ci_prob"]),
@@ -491,24 +485,6 @@ def summarise_posterior(
         raise DatasetError(f"cannot summarise the posterior: {exc}", dataset=dataset_id, path=path) from exc
     table["variable"] = owners
     return table
-
-
-def _stack_elements(posterior: xr.Dataset) -> tuple[list[str], list[str], np.ndarray]:
-    """Every scalar element of every variable: labels, variable names and draws shaped (element, chain, draw)."""
-    labels: list[str] = []
-    owners: list[str] = []
-    blocks = []
-    for name, var in posterior.data_vars.items():
-        dims = [d for d in var.dims if d not in SAMPLE_DIMS]
-        values = var.transpose(*SAMPLE_DIMS, *dims).values
-        blocks.append(np.moveaxis(values.reshape(*values.shape[:2], -1), -1, 0).astype(float))
-        owners += [str(name)] * blocks[-1].shape[0]
-        if not dims:
-            labels.append(str(name))
-            continue
-        coords = [posterior[d].values if d in posterior.coords else range(posterior.sizes[d]) for d in dims]
-        labels += [f"{name}[{', '.join(map(str, combo))}]" for combo in itertools.product(*coords)]
-    return labels, owners, np.concatenate(blocks, axis=0)
 
 
 def _selected(

@@ -85,6 +85,13 @@ class SummarySettings:
     ci_prob: float | None = None
     ci_kind: str = "hdi"
 
+    @property
+    def interval_prob(self) -> float:
+        """The interval's probability: `ci_prob`, else ArviZ's ``stats.ci_prob`` (0.89 by default)."""
+        from arviz_base import rcParams
+
+        return rcParams["stats.ci_prob"] if self.ci_prob is None else self.ci_prob
+
 
 @dataclass(frozen=True)
 class ReportSettings:

@@ -19,12 +19,11 @@ from matplotlib.figure import Figure
 
 from batchfit import intervals
 from batchfit.atomic import atomic_path
-from batchfit.collect import _ci_prob, _stack_elements
 from batchfit.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
 from batchfit.compat import lazy_jax_hidden
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
-from batchfit.variables import FREE, ROLE_ATTR, select_vars
+from batchfit.variables import FREE, ROLE_ATTR, select_vars, stack_elements
 
 STATUSES = ("ok", "warning", "failed")
 # The health thresholds, as named in summary.csv's `message` (see batchfit.collect._health).
@@ -108,7 +107,7 @@ def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, x
         for name in names:
             if name not in posterior.data_vars:
                 continue
-            element_labels, _, draws = _stack_elements(posterior[[name]])
+            element_labels, _, draws = stack_elements(posterior[[name]])
             scalar = element_labels == [name]
             labels[name] += [dataset_id if scalar else f"{dataset_id} {label}" for label in element_labels]
             blocks[name].append(draws)
@@ -129,7 +128,7 @@ def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySetting
     n_rows = draws.sizes["dataset"]
     flat = draws.transpose("dataset", ...).values.reshape(n_rows, -1)
     interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
-    outer = interval(flat, _ci_prob(summary))
+    outer = interval(flat, summary.interval_prob)
     inner = interval(flat, _INNER_PROB)
     mean = flat.mean(axis=-1)
     labels = [str(label) for label in draws["dataset"].values]
@@ -140,7 +139,7 @@ def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySetting
     fig = Figure(figsize=(7, 6) if sorted_view else (7, 1.2 + 0.25 * n_rows), layout="constrained")
     ax = fig.subplots()
     ax.hlines(rows, outer[order, 0], outer[order, 1], lw=0.6 if sorted_view else 1.0, color="C0",
-              alpha=0.5 if sorted_view else 1.0, label=f"{int(_ci_prob(summary) * 100)}% {summary.ci_kind}")
+              alpha=0.5 if sorted_view else 1.0, label=f"{int(summary.interval_prob * 100)}% {summary.ci_kind}")
     ax.hlines(rows, inner[order, 0], inner[order, 1], lw=1.5 if sorted_view else 3.0, color="C0",
               label=f"50% {summary.ci_kind}")
     ax.plot(mean[order], rows, ".", ms=2 if sorted_view else 6, color="k", label="mean")

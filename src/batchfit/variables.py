@@ -16,14 +16,18 @@ parameters, and observation-sized deterministics are kept in the fit but not sum
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 ROLE_ATTR = "batchfit_role"
 FREE = "free"
 DETERMINISTIC = "deterministic"
 OBSERVATION_SIZED = "observation-sized deterministic"
+SAMPLE_DIMS = ("chain", "draw")
 
 
 def select_vars(available: Sequence[str], var_names: Sequence[str] | None, filter_vars: str | None) -> list[str]:
@@ -129,3 +133,22 @@ def _shape_sources(model: Any, variables: Sequence[Any]) -> Mapping[str, set[str
                    if isinstance(a, SharedVariable) and a.name in data_names}
         for var, out in zip(variables, graph.outputs, strict=True)
     }
+
+
+def stack_elements(posterior: Any) -> tuple[list[str], list[str], np.ndarray]:
+    """Every scalar element of every variable of a posterior ``xr.Dataset``: labels (``a[store_3]``), variable
+    names and draws shaped (element, chain, draw)."""
+    labels: list[str] = []
+    owners: list[str] = []
+    blocks = []
+    for name, var in posterior.data_vars.items():
+        dims = [d for d in var.dims if d not in SAMPLE_DIMS]
+        values = var.transpose(*SAMPLE_DIMS, *dims).values
+        blocks.append(np.moveaxis(values.reshape(*values.shape[:2], -1), -1, 0).astype(float))
+        owners += [str(name)] * blocks[-1].shape[0]
+        if not dims:
+            labels.append(str(name))
+            continue
+        coords = [posterior[d].values if d in posterior.coords else range(posterior.sizes[d]) for d in dims]
+        labels += [f"{name}[{', '.join(map(str, combo))}]" for combo in itertools.product(*coords)]
+    return labels, owners, np.concatenate(blocks, axis=0)
