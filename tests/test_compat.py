@@ -184,3 +184,23 @@ assert type(sys.modules["arviz"]).__name__ == "module" and sys.modules["arviz"].
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_lazy_jax_stays_unloaded_when_arviz_base_is_first_imported_while_plotting():
+    """A plot whose code imports arviz_base only inside `lazy_jax_hidden` (the forest plots read
+    ArviZ's default interval probability there) leaves JAX unloaded: the block imports it first."""
+    import subprocess
+
+    code = """
+import importlib.util, sys
+from matplotlib.figure import Figure
+from batchfit.compat import lazy_jax_hidden
+
+assert "arviz_base" not in sys.modules and "jax" not in sys.modules
+with lazy_jax_hidden():
+    from arviz_base import rcParams
+    Figure().subplots().plot([rcParams["stats.ci_prob"], 1.0])
+assert issubclass(type(sys.modules["jax"]), importlib.util._LazyModule), "the plot loaded JAX"
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr

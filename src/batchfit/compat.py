@@ -131,6 +131,8 @@ def lazy_jax_hidden() -> Iterator[None]:
     ``importlib.util._LazyModule`` until its first attribute access loads it; ``type()`` reads
     the class without that access.
     """
+    import arviz_base  # noqa: F401 - it leaves the lazy jax: imported now, so that none appears mid-plot
+
     lazy = sys.modules.get("jax")
     if not issubclass(type(lazy), importlib.util._LazyModule):
         yield
