@@ -19,7 +19,7 @@ from test_pipeline import snakemake, write_sweep
 from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
-from batchfit.plots import forest_draws, forest_figure, plot_health
+from batchfit.plots import dataset_table, forest_figure, forest_rows, plot_health, read_dataset_table
 from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -48,57 +48,80 @@ def write_posteriors(path: Path, n_datasets: int, seed: int = 0) -> dict[str, xr
     return groups
 
 
-def test_forest_draws_default_to_scalar_free_parameters_one_row_per_dataset(tmp_path):
+def arviz_rows(draws: dict[str, xr.DataArray], summary: SummarySettings) -> dict[str, np.ndarray]:
+    """Each row's mean and intervals by arviz-stats, from its draws (label -> (chain, draw) DataArray)."""
+    interval = getattr(azs, summary.ci_kind)
+    stacked = xr.concat(list(draws.values()), dim="row")
+    return {"mean": stacked.mean(["chain", "draw"]).values,
+            "outer": interval(stacked, prob=summary.interval_prob, dim=["chain", "draw"]).values,
+            "inner": interval(stacked, prob=0.5, dim=["chain", "draw"]).values}
+
+
+@pytest.mark.parametrize("ci_kind", ["hdi", "eti"])
+def test_forest_rows_default_to_scalar_free_parameters_a_row_per_dataset_as_arviz_summarises_them(tmp_path, ci_kind):
     groups = write_posteriors(tmp_path / "posteriors.nc", 4)
-    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())
-    assert list(draws) == ["mu"]
-    assert list(draws["mu"]["dataset"].values) == list(groups)
-    for dataset_id, ds in groups.items():
-        np.testing.assert_array_equal(draws["mu"].sel(dataset=dataset_id).values, ds["mu"].values)
+    summary = SummarySettings(ci_kind=ci_kind)
+    rows = forest_rows(tmp_path / "posteriors.nc", ReportSettings(), summary)
+    assert list(rows) == ["mu"] and rows["mu"].name == "mu"
+    assert rows["mu"].labels == list(groups)
+    expected = arviz_rows({d: ds["mu"] for d, ds in groups.items()}, summary)
+    for field, values in expected.items():
+        np.testing.assert_allclose(getattr(rows["mu"], field), values, rtol=1e-12, err_msg=field)
 
 
-def test_forest_draws_of_a_vector_have_a_row_per_dataset_and_element(tmp_path):
+def test_forest_rows_of_a_vector_are_a_row_per_dataset_and_element(tmp_path):
     groups = write_posteriors(tmp_path / "posteriors.nc", 3)
-    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings(var_names=("a",)))["a"]
-    expected = [f"{d} a[{g}]" for d, ds in groups.items() for g in ds["groups"].values]
-    assert list(draws["dataset"].values) == expected
-    np.testing.assert_array_equal(draws.sel(dataset="ds_02 a[g3]").values, groups["ds_02"]["a"].sel(groups="g3").values)
+    rows = forest_rows(tmp_path / "posteriors.nc", ReportSettings(var_names=("a",)), SummarySettings())["a"]
+    draws = {f"{d} a[{g}]": ds["a"].sel(groups=g) for d, ds in groups.items() for g in ds["groups"].values}
+    assert rows.labels == list(draws)
+    np.testing.assert_allclose(rows.outer, arviz_rows(draws, SummarySettings())["outer"], rtol=1e-12)
+
+
+def test_forest_rows_are_the_same_whatever_block_of_datasets_is_read_at_once(tmp_path):
+    write_posteriors(tmp_path / "posteriors.nc", 9, seed=2)
+    settings = ReportSettings(var_names=("mu", "a"))
+    whole = forest_rows(tmp_path / "posteriors.nc", settings, SummarySettings(), block=100)
+    for block in (1, 2, 4):
+        parts = forest_rows(tmp_path / "posteriors.nc", settings, SummarySettings(), block=block)
+        assert list(parts) == list(whole) == ["mu", "a"]
+        for name, rows in parts.items():
+            assert rows.labels == whole[name].labels
+            for field in ("mean", "outer", "inner"):
+                np.testing.assert_array_equal(getattr(rows, field), getattr(whole[name], field))
 
 
 def test_an_unknown_report_variable_is_a_config_error_naming_the_key(tmp_path):
     write_posteriors(tmp_path / "posteriors.nc", 2)
     with pytest.raises(ConfigError, match="report.var_names") as info:
-        forest_draws(tmp_path / "posteriors.nc", ReportSettings(var_names=("sigma",)))
+        forest_rows(tmp_path / "posteriors.nc", ReportSettings(var_names=("sigma",)), SummarySettings())
     assert "'sigma'" in str(info.value)
 
 
 @pytest.mark.parametrize("ci_kind", ["hdi", "eti"])
 @pytest.mark.parametrize("max_rows", [30, 10], ids=["a-row-each", "summary-view"])
-def test_forest_draws_arviz_intervals_and_means_row_by_row(tmp_path, ci_kind, max_rows):
+def test_forest_figure_draws_each_rows_arviz_intervals_and_mean(tmp_path, ci_kind, max_rows):
     """Up to `max_rows` rows: every row labelled, the first dataset on top; past it, sorted by mean
     with a few labels. Each row, found by its label, shows that dataset's arviz-stats interval
     at `ci_prob` and at 50% and its mean."""
-    write_posteriors(tmp_path / "posteriors.nc", 30, seed=3)
-    draws = forest_draws(tmp_path / "posteriors.nc", ReportSettings())["mu"]
+    groups = write_posteriors(tmp_path / "posteriors.nc", 30, seed=3)
     summary = SummarySettings(ci_prob=0.9, ci_kind=ci_kind)
-    fig = forest_figure(draws, max_rows=max_rows, summary=summary)
+    fig = forest_figure(forest_rows(tmp_path / "posteriors.nc", ReportSettings(), summary)["mu"],
+                        max_rows=max_rows, summary=summary)
     ax = fig.axes[0]
     labels = {round(tick): label.get_text() for tick, label in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)}
     if max_rows >= 30:
-        assert [labels[row] for row in sorted(labels, reverse=True)] == list(draws["dataset"].values)
+        assert [labels[row] for row in sorted(labels, reverse=True)] == list(groups)
     else:
         assert len(labels) <= 11
     outer, inner = (np.array(c.get_segments()) for c in ax.collections[:2])  # one segment per row, bottom to top
     [means] = ax.lines
-    by_label = {str(d): i for i, d in enumerate(draws["dataset"].values)}
-    reference = {prob: getattr(azs, ci_kind)(draws, prob=prob, dim=["chain", "draw"]).values for prob in (0.9, 0.5)}
-    mean = draws.mean(["chain", "draw"]).values
+    expected = arviz_rows({d: ds["mu"] for d, ds in groups.items()}, summary)
     for row, label in labels.items():
-        i = by_label[label]
-        np.testing.assert_allclose(outer[row, :, 0], reference[0.9][i])
-        np.testing.assert_allclose(inner[row, :, 0], reference[0.5][i])
+        i = list(groups).index(label)
+        np.testing.assert_allclose(outer[row, :, 0], expected["outer"][i])
+        np.testing.assert_allclose(inner[row, :, 0], expected["inner"][i])
         np.testing.assert_allclose(outer[row, :, 1], row)
-        np.testing.assert_allclose(means.get_xydata()[row], [mean[i], row])
+        np.testing.assert_allclose(means.get_xydata()[row], [expected["mean"][i], row])
     if max_rows < 30:
         assert np.all(np.diff(means.get_xydata()[:, 0]) >= 0)  # sorted by mean, bottom to top
 
@@ -111,6 +134,20 @@ def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     plot_health(summary, tmp_path / "health.png")
     assert (tmp_path / "health.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("rows_at_once", [1, 4, 5, 100])
+def test_the_dataset_table_read_in_parts_is_the_one_of_the_whole_summary(tmp_path, rows_at_once):
+    """A dataset's parameter rows split between parts (and failed datasets, one row each) still give
+    one row per dataset, in summary.csv's order."""
+    rows = [{"dataset": f"ds_{i}", "parameter": p, "status": "warning" if i % 3 else "ok",
+             "message": "r_hat 1.2 > 1.01" if i % 3 else "", "divergences": i, "max_r_hat": 1.0 + i / 10,
+             "min_ess_bulk": 900.0 - i, "structure": "s", "sampler_path": "cached", "mean": float(j)}
+            for i in range(7) for j, p in enumerate(("mu", "sigma", "a[1]") if i != 4 else ("",))]
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    expected = dataset_table(pd.read_csv(tmp_path / "summary.csv"))
+    assert len(expected) == 7
+    pd.testing.assert_frame_equal(read_dataset_table(tmp_path / "summary.csv", rows_at_once), expected)
 
 
 def missing(message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from matplotlib.figure import Figure
 
 from batchfit import intervals
 from batchfit.atomic import atomic_path
-from batchfit.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
+from batchfit.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chunk_cache, open_presence
 from batchfit.compat import lazy_jax_hidden
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
@@ -32,6 +33,9 @@ DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "
                    "sampler_path"]
 _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
+# Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws
+# (4 variables x 400 draws) is ~3 MiB, and reading in blocks keeps the rule's memory flat in N.
+FOREST_BLOCK = 256
 
 
 def plots_dir(config: Config) -> Path:
@@ -41,6 +45,15 @@ def plots_dir(config: Config) -> Path:
 def dataset_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per dataset of summary.csv (its dataset-level columns), in summary.csv's order."""
     return summary.drop_duplicates("dataset")[DATASET_COLUMNS].reset_index(drop=True)
+
+
+def read_dataset_table(summary_path: Path, rows_at_once: int = 20_000) -> pd.DataFrame:
+    """`dataset_table` of a summary.csv, read a part at a time: a row per parameter and dataset would
+    make the plots rule's memory grow with the sweep (22 MB of text at 10,000 tiny fits)."""
+    text = {column: str for column in ("dataset", "status", "message", "structure", "sampler_path")}
+    # text columns typed: a part whose datasets have no message would read its message column as float
+    parts = pd.read_csv(summary_path, usecols=DATASET_COLUMNS, dtype=text, chunksize=rows_at_once)
+    return dataset_table(pd.concat([dataset_table(part) for part in parts]))
 
 
 def status_counts(datasets: pd.DataFrame) -> dict[str, int]:
@@ -88,65 +101,78 @@ def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[st
                           key="report.var_names") from None
 
 
-def forest_draws(posteriors_path: Path, settings: ReportSettings) -> dict[str, xr.DataArray]:
-    """Per forest variable, every dataset's draws along one dimension `dataset`, shaped (chain, draw, dataset).
+@dataclass(frozen=True)
+class ForestRows:
+    """One forest variable's rows, top to bottom in the sweep's order: a label, the mean and two intervals each."""
 
-    A scalar's row is its dataset (``store_007``); a vector's rows are its elements in each
-    dataset (``store_007 a[g01]``), since datasets may have different coordinates. Only the
-    forest variables are read from posteriors.nc, and only the elements each dataset has.
+    name: str
+    labels: list[str]
+    mean: np.ndarray  # (row,)
+    outer: np.ndarray  # (row, 2): summary.ci_kind at summary.interval_prob, as summary.csv's
+    inner: np.ndarray  # (row, 2): summary.ci_kind at 50%
+
+
+def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: SummarySettings,
+                block: int = FOREST_BLOCK) -> dict[str, ForestRows]:
+    """Per forest variable, a row per dataset: ``store_007`` for a scalar, ``store_007 a[g01]`` per element
+    of a vector (datasets may have different coordinates); the intervals as arviz-stats defines them
+    (`batchfit.intervals`).
+
+    posteriors.nc is read `block` datasets at a time, only the forest variables and only the
+    elements each dataset has: the rule's memory is a block's draws, not the sweep's.
     """
-    with xr.open_datatree(posteriors_path) as tree:
-        stacked = tree[POSTERIOR].to_dataset()
+    interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
+    parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]] = {}
+    info = open_presence(posteriors_path)
+    # Each block is read once: netCDF's chunk cache (up to 64 MiB a variable) would only grow with N.
+    with no_chunk_cache(), xr.open_dataset(posteriors_path, group=POSTERIOR, engine="netcdf4") as stacked:
         names = forest_variables(stacked, settings)
-        stacked = stacked[names].load()
-        info = tree[DATASETS].to_dataset().load()
-    labels: dict[str, list[str]] = {n: [] for n in names}
-    blocks: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for dataset_id in map(str, stacked[DATASET_DIM].values):
-        posterior = dataset_posterior(stacked, info, dataset_id)
-        for name in names:
-            if name not in posterior.data_vars:
-                continue
-            element_labels, _, draws = stack_elements(posterior[[name]])
-            scalar = element_labels == [name]
-            labels[name] += [dataset_id if scalar else f"{dataset_id} {label}" for label in element_labels]
-            blocks[name].append(draws)
-    return {name: xr.DataArray(np.moveaxis(np.concatenate(blocks[name]), 0, -1), dims=("chain", "draw", "dataset"),
-                               coords={"dataset": labels[name]}, name=name) for name in names if blocks[name]}
+        ids = [str(d) for d in stacked[DATASET_DIM].values]
+        for start in range(0, len(ids), block):
+            loaded = stacked[names].isel({DATASET_DIM: slice(start, start + block)}).load()
+            labels: dict[str, list[str]] = {n: [] for n in names}
+            rows: dict[str, list[np.ndarray]] = {n: [] for n in names}
+            for dataset_id in ids[start:start + block]:
+                posterior = dataset_posterior(loaded, info, dataset_id)
+                for name in (n for n in names if n in posterior.data_vars):
+                    element_labels, _, draws = stack_elements(posterior[[name]])
+                    scalar = element_labels == [name]
+                    labels[name] += [dataset_id if scalar else f"{dataset_id} {label}" for label in element_labels]
+                    rows[name].append(draws.reshape(len(element_labels), -1))
+            for name in (n for n in names if rows[n]):
+                flat = np.concatenate(rows[name])
+                parts.setdefault(name, []).append((labels[name], flat.mean(axis=-1),
+                                                   interval(flat, summary.interval_prob), interval(flat, _INNER_PROB)))
+    return {name: ForestRows(name, [label for part in blocks for label in part[0]],
+                             *(np.concatenate([part[i] for part in blocks]) for i in (1, 2, 3)))
+            for name, blocks in parts.items()}
 
 
-def forest_figure(draws: xr.DataArray, *, max_rows: int, summary: SummarySettings) -> Figure:
+def forest_figure(rows: ForestRows, *, max_rows: int, summary: SummarySettings) -> Figure:
     """A forest plot of one variable across datasets: a row each, in order from the top, labelled;
     past `max_rows` rows a summary view, sorted by mean with a label on a few rows only.
 
     Each row shows its mean, its `summary.ci_kind` interval at `summary.ci_prob` (as
-    summary.csv's) and at 50% (thicker), as arviz-stats defines them (`batchfit.intervals`): what
-    arviz-plots' ``plot_forest(combined=True)`` shows, drawn in three matplotlib calls for all
-    rows at once (arviz-plots draws each row with calls of its own: 97 s for 1,000 rows, and
-    most of the plots rule's time at 20).
+    summary.csv's) and at 50% (thicker): what arviz-plots' ``plot_forest(combined=True)`` shows,
+    drawn in three matplotlib calls for all rows at once (arviz-plots draws each row with calls
+    of its own: 97 s for 1,000 rows, and most of the plots rule's time at 20).
     """
-    n_rows = draws.sizes["dataset"]
-    flat = draws.transpose("dataset", ...).values.reshape(n_rows, -1)
-    interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
-    outer = interval(flat, summary.interval_prob)
-    inner = interval(flat, _INNER_PROB)
-    mean = flat.mean(axis=-1)
-    labels = [str(label) for label in draws["dataset"].values]
+    n_rows = len(rows.labels)
     sorted_view = n_rows > max_rows
     # order[row]: the dataset drawn at height `row` (row 0 at the bottom)
-    order = np.argsort(mean, kind="stable") if sorted_view else np.arange(n_rows)[::-1]
-    rows = np.arange(n_rows)
+    order = np.argsort(rows.mean, kind="stable") if sorted_view else np.arange(n_rows)[::-1]
+    heights = np.arange(n_rows)
     fig = Figure(figsize=(7, 6) if sorted_view else (7, 1.2 + 0.25 * n_rows), layout="constrained")
     ax = fig.subplots()
-    ax.hlines(rows, outer[order, 0], outer[order, 1], lw=0.6 if sorted_view else 1.0, color="C0",
+    ax.hlines(heights, rows.outer[order, 0], rows.outer[order, 1], lw=0.6 if sorted_view else 1.0, color="C0",
               alpha=0.5 if sorted_view else 1.0, label=f"{int(summary.interval_prob * 100)}% {summary.ci_kind}")
-    ax.hlines(rows, inner[order, 0], inner[order, 1], lw=1.5 if sorted_view else 3.0, color="C0",
+    ax.hlines(heights, rows.inner[order, 0], rows.inner[order, 1], lw=1.5 if sorted_view else 3.0, color="C0",
               label=f"50% {summary.ci_kind}")
-    ax.plot(mean[order], rows, ".", ms=2 if sorted_view else 6, color="k", label="mean")
-    ticks = np.unique(np.linspace(0, n_rows - 1, 11).round().astype(int)) if sorted_view else rows
-    ax.set_yticks(ticks, [labels[order[i]] for i in ticks], fontsize=8)
+    ax.plot(rows.mean[order], heights, ".", ms=2 if sorted_view else 6, color="k", label="mean")
+    ticks = np.unique(np.linspace(0, n_rows - 1, 11).round().astype(int)) if sorted_view else heights
+    ax.set_yticks(ticks, [rows.labels[order[i]] for i in ticks], fontsize=8)
     ax.set_ylim(-1, n_rows)
-    ax.set_title(f"{draws.name}: {n_rows} rows sorted by posterior mean" if sorted_view else str(draws.name))
+    ax.set_title(f"{rows.name}: {n_rows} rows sorted by posterior mean" if sorted_view else rows.name)
     fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)  # below, over no row
     return fig
 
@@ -162,13 +188,13 @@ def write_plots(config: Config) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "health.png"]
     with lazy_jax_hidden():
-        plot_health(pd.read_csv(config.summary_path), written[0])
+        plot_health(read_dataset_table(config.summary_path), written[0])
         forest_dir = out / "forest"
         shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
         forest_dir.mkdir()
-        for name, draws in forest_draws(config.posteriors_path, config.report).items():
+        for name, rows in forest_rows(config.posteriors_path, config.report, config.summary).items():
             written.append(forest_dir / plot_file_name(name))
-            _save(forest_figure(draws, max_rows=config.report.max_rows, summary=config.summary), written[-1])
+            _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
     return written
 
 
