@@ -490,9 +490,12 @@ def scaling(ns: list[int], cores: int) -> None:
                "fit_jobs": stages.get("fit", {}).get("jobs", 0),
                "peak_rss_fit_job_mib": round(mib(r.peak_of("fit.py"))),
                "peak_rss_collect_mib": round(mib(r.peak_of("collect.py"))),
+               "peak_rss_plots_mib": round(mib(r.peak_of("plots.py"))),
+               "peak_rss_report_pages_mib": round(mib(r.peak_of("report_pages.py"))),
                "collect_s": round(stages.get("collect", {}).get("sum_s", float("nan")), 2),
                "load_average": load_average(), "date_machine": machine}
         print("  " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "date_machine"), flush=True)
+        print(f"  per rule (Snakemake benchmark:): {stage_line(stages)}", flush=True)
         rows.append(row)
     write_csv(RESULTS / "scaling.csv", rows)
     plot_scaling(rows, RESULTS / "scaling.png", machine)
