@@ -143,9 +143,9 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
                 flat = np.concatenate(rows[name])
                 parts.setdefault(name, []).append((labels[name], flat.mean(axis=-1),
                                                    interval(flat, summary.interval_prob), interval(flat, _INNER_PROB)))
-    return {name: ForestRows(name, [label for part in blocks for label in part[0]],
-                             *(np.concatenate([part[i] for part in blocks]) for i in (1, 2, 3)))
-            for name, blocks in parts.items()}
+    return {name: ForestRows(name, [label for part in parts[name] for label in part[0]],
+                             *(np.concatenate([part[i] for part in parts[name]]) for i in (1, 2, 3)))
+            for name in names if name in parts}  # in posteriors.nc's order
 
 
 def forest_figure(rows: ForestRows, *, max_rows: int, summary: SummarySettings) -> Figure:
