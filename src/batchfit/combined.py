@@ -272,13 +272,13 @@ def read_posterior(path: Path) -> xr.Dataset:
         return decoded_group(nc[POSTERIOR])
 
 
-def decoded_group(group: netCDF4.Group) -> xr.Dataset:
-    """An open NetCDF group as ``xr.open_dataset(..., group=)`` decodes it, loaded into memory.
+def decoded_group(group: netCDF4.Group, drop_variables: Sequence[str] = ()) -> xr.Dataset:
+    """An open NetCDF group as ``xr.open_dataset(..., group=, drop_variables=)`` decodes it, loaded into memory.
 
     Through the already open file: xarray's own opening (file manager, backend guessing) costs
     about as much as reading a small fit.
     """
-    return xr.decode_cf(xr.backends.NetCDF4DataStore(group)).load().drop_encoding()
+    return xr.decode_cf(xr.backends.NetCDF4DataStore(group), drop_variables=list(drop_variables)).load().drop_encoding()
 
 
 def open_presence(path: Path) -> xr.Dataset:
@@ -291,8 +291,7 @@ def open_presence(path: Path) -> xr.Dataset:
     with netCDF4.Dataset(path) as nc:
         group = nc[DATASETS]
         text = [name for name in group.variables if not name.endswith("_present") and name not in group.dimensions]
-    with xr.open_dataset(path, group=DATASETS, engine="netcdf4", drop_variables=text) as info:
-        return info.load()
+        return decoded_group(group, drop_variables=text)
 
 
 def dataset_posterior(posterior: xr.Dataset, info: xr.Dataset, dataset_id: str) -> xr.Dataset:
