@@ -472,7 +472,7 @@ def summarise_posterior(
     try:
         labels, owners, draws = stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
-        interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
+        interval = intervals.of_kind(summary.ci_kind)
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
             bounds = interval(flat, summary.interval_prob)
             values = [

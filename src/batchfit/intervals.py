@@ -10,6 +10,8 @@ once; tests/test_diagnostics.py compares both with ``arviz_stats.base.array_stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -35,6 +37,11 @@ def eti(rows: np.ndarray, prob: float) -> np.ndarray:
     _check_prob(prob)
     edge = (1 - prob) / 2
     return np.moveaxis(np.quantile(rows, [edge, 1 - edge], axis=-1), 0, -1)
+
+
+def of_kind(kind: str) -> Callable[[np.ndarray, float], np.ndarray]:
+    """`hdi` or `eti`, as ``summary.ci_kind`` names them."""
+    return eti if kind == "eti" else hdi
 
 
 def _check_prob(prob: float) -> None:

@@ -121,7 +121,7 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     posteriors.nc is read `block` datasets at a time, only the forest variables and only the
     elements each dataset has: the rule's memory is a block's draws, not the sweep's.
     """
-    interval = intervals.eti if summary.ci_kind == "eti" else intervals.hdi
+    interval = intervals.of_kind(summary.ci_kind)
     parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]] = {}
     info = open_presence(posteriors_path)
     # Each block is read once: netCDF's chunk cache (up to 64 MiB a variable) would only grow with N.
