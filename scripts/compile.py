@@ -4,5 +4,5 @@ from batchfit.quick_exit import quick_exit
 
 config = snakemake_config(snakemake.config, "the Snakemake config")
 with log_to(snakemake.log[0]):
-    write_json(snakemake.output[0], run_compile(config))
+    write_json(snakemake.output[0], run_compile(config, workers=snakemake.threads))
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

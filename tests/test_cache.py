@@ -678,20 +678,29 @@ def test_blockwise_model_loads_without_compiling(session_cache, tmp_path):
 
 @pytest.mark.slow
 def test_compile_command_fills_an_empty_cache_for_the_fit_jobs(tmp_path):
+    """One worker or two (the log density's callback beside the rest) build the same entry, and a
+    fit job then only loads it; its draws do not depend on how the entry was built."""
     simulate(HIERARCHICAL, tmp_path / "data", [4, 6])
-    cache_dir = tmp_path / "cache"
-    config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"model": str(HIERARCHICAL), "datasets": ["data/*.csv"], "sampler": SAMPLER,
-                                  "cache_dir": "cache", "results_dir": "results"}))  # JSON is YAML
-    compiled = cli("compile", "--config", config, cwd=tmp_path, cache_dir=cache_dir)
-    assert compiled.returncode == 0, compiled.stderr[-4000:]
-    assert "cache miss" in compiled.stdout
-    [key] = entry_keys(cache_dir)
-    assert read_entry(CacheDir(cache_dir), key)["key"] == key
+    draws = {}
+    for threads in (1, 2):
+        cache_dir = tmp_path / f"cache{threads}"
+        config = tmp_path / f"config{threads}.yaml"
+        config.write_text(json.dumps({"model": str(HIERARCHICAL), "datasets": ["data/*.csv"], "sampler": SAMPLER,
+                                      "cache_dir": cache_dir.name, "results_dir": f"results{threads}"}))  # JSON is YAML
+        compiled = cli("compile", "--config", config, "--threads", str(threads), cwd=tmp_path, cache_dir=cache_dir)
+        assert compiled.returncode == 0, compiled.stderr[-4000:]
+        assert "cache miss" in compiled.stdout
+        parts = set(re.findall(r"compile worker \((\w+)\)", compiled.stderr))
+        assert parts == ({"all"} if threads == 1 else {"logp", "rest"}), compiled.stderr[-4000:]
+        [key] = entry_keys(cache_dir)
+        entry = read_entry(CacheDir(cache_dir), key)
+        assert entry["key"] == key
+        assert {name.split(".")[0] for name in entry["files"]} == {"batchfit_logp", "batchfit_expand"}, entry
 
-    fitted = cli("fit", "--config", config, "d6", cwd=tmp_path, cache_dir=cache_dir)
-    assert fitted.returncode == 0, fitted.stderr[-4000:]
-    log = fitted.stdout + fitted.stderr
-    assert f"cache hit {key[:12]}" in log and "cache miss" not in log
-    assert (tmp_path / "results" / "fits" / "d6.nc").is_file()
-    assert [e["event"] for e in events(cache_dir)] == ["miss", "hit"]
+        fitted = cli("fit", "--config", config, "d6", cwd=tmp_path, cache_dir=cache_dir)
+        assert fitted.returncode == 0, fitted.stderr[-4000:]
+        log = fitted.stdout + fitted.stderr
+        assert f"cache hit {key[:12]}" in log and "cache miss" not in log
+        draws[threads] = posterior(tmp_path / f"results{threads}" / "fits" / "d6.nc")
+        assert [e["event"] for e in events(cache_dir)] == ["miss", "hit"]
+    assert_same_draws(draws[2], draws[1])

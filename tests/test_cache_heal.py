@@ -243,8 +243,9 @@ def test_every_file_damaged_is_reported_then_healed(built_cache, tmp_path, damag
     assert damaged_listing_unchanged(cache_dir, files), "verify without --repair must not change the cache"
 
     # 2. a fit job in a fresh process warns, naming the damaged files, rebuilds, and draws the same
+    # (with two threads: its two compile workers both meet the damage)
     results = tmp_path / "results"
-    fit = cli("fit", "--config", _config(tmp_path / "config.json", cache_dir, results), DATA.stem,
+    fit = cli("fit", "--config", _config(tmp_path / "config.json", cache_dir, results), "--threads", "2", DATA.stem,
               cache_dir=cache_dir)
     assert fit.returncode == 0, fit.stderr[-4000:]
     log = fit.stdout + fit.stderr

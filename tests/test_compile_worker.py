@@ -45,7 +45,7 @@ def test_worker_warnings_reach_the_jobs_log(tmp_path, session_cache, caplog):
     with caplog.at_level(logging.INFO, logger="batchfit"), pytest.warns(UserWarning, match="says"):
         compiled = compile_in_child(tmp_path, WARNING_MODEL.format(tag="worker-test", centre="0.25"), session_cache)
     assert not compiled.report.hit
-    worker_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compile worker:")]
+    worker_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compile worker (all):")]
     assert any("build_model says: check the priors of worker-test" in line for line in worker_lines), worker_lines
 
 

@@ -66,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         p = command(name, text)
         _config_option(p)
         if name in ("fit", "run", "sbc"):
-            p.add_argument("--threads", type=int, default=1, help="threads for a dataset's chains")
+            p.add_argument("--threads", type=int, default=1,
+                           help="threads for a dataset's chains (and processes for a compile: two at most)")
+        if name == "compile":
+            p.add_argument("--threads", type=int, default=1,
+                           help="processes compiling at once (the log density's callback beside the rest: two "
+                                "at most)")
         if name in ("collect", "run"):
             p.add_argument("--workers", type=int, default=1, help="processes that summarise new fits at once")
         if name == "fit":
@@ -159,7 +164,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(report.lines()))
         return 0 if report.ok else 1
     if args.command in ("compile", "run"):
-        stamp = pipeline.run_compile(config)
+        stamp = pipeline.run_compile(config, workers=args.threads)
         print(stamp["line"])
     if args.command in ("fit", "run"):
         failed = pipeline.run_fit(config, getattr(args, "datasets", None) or None, threads=args.threads)

@@ -5,10 +5,11 @@ from the graphs of :mod:`batchfit.graphs` under their content address (``sampler
 module says how to build an entry and how to load one; :func:`batchfit.cache.get_or_build`
 owns the rest (locking, verification, manifests, statistics).
 
-A miss compiles in a child process (``python -m batchfit.compile``): the parent then loads the
-entry exactly like any later process would, so every fit runs the very same machine code (code
+A miss compiles in a child process (``python -m batchfit.compile``; two at once, each compiling
+part of the entry, when the job has two cores): the parent then loads the entry exactly like
+any later process would, so every fit runs the very same machine code (code
 JIT-compiled in-process can differ in the last bit from code emitted for the cache), and the
-parent's memory never holds an LLVM compile. The child's warnings and log lines are passed on
+parent's memory never holds an LLVM compile. The children's warnings and log lines are passed on
 to the parent's log.
 """
 
@@ -26,6 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,12 +82,17 @@ class CompileReport:
         return f"cache miss {self.key[:12]}: compiled in {self.compile_seconds:.1f} s"
 
 
-def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
-                outputs: OutputSettings = NO_OUTPUTS) -> dict[str, Any]:
-    """Compile the callbacks for ``model`` into the cache's numba directory; return the manifest's spec.
+# What a compile worker builds: every part of an entry, or one of the two halves that two workers
+# build at once (the log density's callback takes about three quarters of a compile).
+PARTS: dict[str, tuple[str, ...]] = {"all": ("logp", "expand"), "logp": ("logp",), "rest": ("expand",)}
 
-    Also runs the per-process functions and the optional ``outputs`` once, so that what the fit
-    stage compiles through PyTensor lands in PyTensor's numba cache too.
+
+def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
+                outputs: OutputSettings = NO_OUTPUTS, part: str = "all") -> dict[str, Any]:
+    """Compile ``part`` of the entry for ``model`` into the cache's numba directory; return the manifest's spec.
+
+    Every part but "logp" also runs the per-process functions and the optional ``outputs`` once,
+    so that what the fit stage compiles through PyTensor lands in PyTensor's numba cache too.
     """
     clock = _StageClock(key)
     with record_generic_fallbacks() as fallbacks:
@@ -99,18 +106,19 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     clock.stage("log density, gradient and expansion functions")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
-        for kind, fn in (("logp", logp_fn), ("expand", expand_fn)):
-            make_callback(spec, kind, key, cache, fn.vm.jit_fn)
+        for kind in PARTS[part]:
+            make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
             if not list(cache.numba_dir.glob(f"batchfit_{kind}*-{key}.*.nbc")):
                 raise BatchfitError(
                     f"numba could not cache the {kind} callback; the model uses an operation that "
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
-    clock.stage("nutpie callbacks (numba, cached)")
-    SamplerFunctions(model).shapes()
-    clock.stage("per-process functions (initial point, shapes)")
-    warm_extras(model, outputs)
-    clock.stage("optional outputs")
+            clock.stage(f"nutpie's {kind} callback (numba, cached)")
+    if part != "logp":
+        SamplerFunctions(model).shapes()
+        clock.stage("per-process functions (initial point, shapes)")
+        warm_extras(model, outputs)
+        clock.stage("optional outputs")
     return {"spec": spec.to_json()}
 
 
@@ -143,11 +151,11 @@ def load_callbacks(cache: CacheDir, key: str, entry: dict[str, Any]) -> tuple[Wr
 
 
 def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = None,
-                  lock_timeout: float = 600.0) -> CompiledModel:
+                  lock_timeout: float = 600.0, workers: int = 1) -> CompiledModel:
     """Return the compiled callbacks for ``model``, compiling them only if no process did before.
 
-    With ``source`` a miss compiles in a child process (see module docstring); without it, in
-    this process.
+    With ``source`` a miss compiles in child processes, two at once if ``workers`` (the cores
+    this job may use) allows (see module docstring); without it, in this process.
     """
     with _collector_paused():
         graphs = SamplerGraphs.of(model)
@@ -155,7 +163,7 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
 
     def build() -> dict[str, Any]:
         if source is not None:
-            return build_in_child(source, cache, key)
+            return build_in_child(source, cache, key, workers=workers)
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
@@ -194,26 +202,36 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def build_in_child(source: ModelSource, cache: CacheDir, key: str) -> dict[str, Any]:
-    """Compile an entry in a fresh interpreter that rebuilds the same model; return its manifest.
+def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int = 1) -> dict[str, Any]:
+    """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
 
-    A worker that hit damaged cache files removes them and exits with HEALED_EXIT; it is then
-    run once more (in a fresh process, so no half-loaded numba state is reused) and the damage
-    is reported here, in the job's own warnings. The worker's other output goes to our log.
+    With two or more ``workers`` one interpreter compiles the log density's callback while
+    another compiles the rest: numba compiles a function on one core, and on two cores that cut
+    a cold compile by about a second. A worker that hit damaged cache files removes them and
+    exits with HEALED_EXIT; the entry is then built once more by one worker (in a fresh process,
+    so no half-loaded numba state is reused) and the damage is reported here, in the job's own
+    warnings. The workers' other output goes to our log.
     """
     cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
            "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding),
            "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
-    with _importing_beside(import_nutpie):
-        proc = _run_worker(cmd)
-    if proc.returncode == HEALED_EXIT:
-        warnings.warn(f"compiling cache entry {key[:12]}: {_result(proc)['healed']}", stacklevel=3)
-        proc = _run_worker(cmd)
-    if proc.returncode != 0:
-        detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
-        raise BatchfitError(f"compiling the model failed in the compile worker: {detail}")
-    return _result(proc)["manifest"]
+    parts = ("logp", "rest") if workers >= 2 else ("all",)
+    with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
+        running = {part: pool.submit(_run_worker, [*cmd, "--part", part], part) for part in parts}
+        procs = {part: future.result() for part, future in running.items()}
+    healed = [proc for proc in procs.values() if proc.returncode == HEALED_EXIT]
+    if healed:
+        warnings.warn(f"compiling cache entry {key[:12]}: {_result(healed[0])['healed']}", stacklevel=3)
+        procs = {"all": _run_worker([*cmd, "--part", "all"], "all")}
+    for part, proc in procs.items():
+        if proc.returncode != 0:
+            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+            raise BatchfitError(f"compiling the model failed in the compile worker ({part}): {detail}")
+    manifests = [_result(proc)["manifest"] for proc in procs.values()]
+    if any(manifest != manifests[0] for manifest in manifests):
+        raise BatchfitError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
+    return manifests[0]
 
 
 @contextlib.contextmanager
@@ -234,11 +252,11 @@ def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
         thread.join()
 
 
-def _run_worker(cmd: list[str]) -> subprocess.CompletedProcess:
+def _run_worker(cmd: list[str], part: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stderr.splitlines():
         if line.strip():
-            log.info("compile worker: %s", line)
+            log.info("compile worker (%s): %s", part, line)
     return proc
 
 
@@ -262,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset-path", required=True)
     parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
+    parser.add_argument("--part", choices=sorted(PARTS), default="all", help="what of the entry to compile")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     log.setLevel(logging.INFO)  # batchfit's own lines; other libraries' warnings and worse
@@ -280,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outputs = json.loads(args.outputs)
     try:
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
-            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))))
+            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))), args.part)
     except Exception as exc:
         removed = heal_after(exc, cache)
         if not removed:

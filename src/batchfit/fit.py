@@ -162,15 +162,18 @@ class Sampling:
 
 
 class Fitter:
-    """Fits datasets of one model file: one compile per structure, then only sampling."""
+    """Fits datasets of one model file: one compile per structure, then only sampling.
 
-    def __init__(self, config: Config, ref: Reference, cache: CacheDir):
+    ``compile_workers``: the processes a compile may run at once (the job's cores).
+    """
+
+    def __init__(self, config: Config, ref: Reference, cache: CacheDir, *, compile_workers: int = 1):
         self.config = config
         self.ref = ref
         self.module = load_model_file(config.model)
         self.model_hash = file_hash(config.model)
         self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
-        self.structures = Structures(config, cache)
+        self.structures = Structures(config, cache, compile_workers=compile_workers)
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
         self.kept = kept_variables(config, self.roles)
         self.reference = self._structure(ref.model, ref.dataset)
@@ -410,7 +413,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     with lanes(config, dataset_ids, threads=threads) as job_lanes:  # helpers start first: their start overlaps ours
         cache, paths, ref = prepare(config)
-        fitter = Fitter(config, ref, cache)
+        fitter = Fitter(config, ref, cache, compile_workers=threads)
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)
         progress = Progress(len(dataset_ids))

@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_dict(spec["config"], source=spec["source"])
 
     cache, paths, ref = prepare(config)
-    fitter = Fitter(config, ref, cache)
+    fitter = Fitter(config, ref, cache, compile_workers=spec["threads"])
     claims = Claims(spec["ids"], Path(spec["counter"]))
 
     def claimed() -> Iterator[tuple[int, str]]:

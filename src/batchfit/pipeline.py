@@ -159,16 +159,17 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
     return [d for d in dataset_ids if d not in expected or is_pending(config, d, expected[d])]
 
 
-def run_compile(config: Config) -> dict[str, Any]:
+def run_compile(config: Config, *, workers: int = 1) -> dict[str, Any]:
     """Fill the cache ahead of the fit jobs with the reference dataset's structure.
 
     A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
     own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
+    ``workers``: the processes compiling at once (two halves of the entry; more add nothing).
     """
     from batchfit.fit import Fitter, prepare
 
     cache, _, ref = prepare(config)
-    fitter = Fitter(config, ref, cache)
+    fitter = Fitter(config, ref, cache, compile_workers=workers)
     structure = fitter.reference
     return {"key": structure.key, "structure": structure.id, "path": structure.path,
             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,

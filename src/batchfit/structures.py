@@ -139,11 +139,13 @@ class Structures:
     A model that bakes its dataset's values in (`batchfit.modelfile.baked_values`) is fitted
     through nutpie's own compile for that dataset alone, as ``pm.sample`` would: one compile per
     dataset, slower, never a failure; it does not count as one of the structures.
+    ``compile_workers``: the processes a compile may run at once (the job's cores).
     """
 
-    def __init__(self, config: Config, cache: CacheDir):
+    def __init__(self, config: Config, cache: CacheDir, *, compile_workers: int = 1):
         self.config = config
         self.cache = cache
+        self.compile_workers = compile_workers
         self.known: dict[str, Structure] = {}
         self._warned = False  # about datasets with a compile of their own, once per job
         self._pymc_warned: set[str] = set()  # structures on PyMC's path, warned about once each
@@ -214,7 +216,8 @@ class Structures:
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
         try:
-            compiled = compile_model(model, self.cache, source=source, lock_timeout=self.config.cache.lock_timeout)
+            compiled = compile_model(model, self.cache, source=source, lock_timeout=self.config.cache.lock_timeout,
+                                     workers=self.compile_workers)
         except Exception as exc:  # noqa: BLE001 - any reason the cached path cannot take it: nutpie's path may
             compiled, reason = None, one_line(exc)
             warnings.warn(

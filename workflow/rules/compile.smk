@@ -14,6 +14,8 @@ rule compile:
         RESULTS / "logs" / "compile.log",
     benchmark:
         RESULTS / "benchmarks" / "compile.tsv"
+    # Two processes: the log density's callback compiles beside the rest (batchfit.compile).
+    threads: 2
     resources:
         mem_mb=4000,
     conda:
