@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import zipfile
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import arviz_stats as azs
@@ -20,16 +22,19 @@ from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.plots import dataset_table, forest_figure, forest_rows, plot_health, read_dataset_table
+from batchfit.report import COUNTED, first_rows_by_status, fit_records, summary_page
 from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def write_posteriors(path: Path, n_datasets: int, seed: int = 0, without_a: int = 0) -> dict[str, xr.Dataset]:
+def write_posteriors(path: Path, n_datasets: int, seed: int = 0, without_a: int = 0,
+                     attrs: Sequence[dict[str, str]] = ()) -> dict[str, xr.Dataset]:
     """A posteriors.nc as collect writes it (stacked along `dataset`, roles as attributes); returns each dataset's.
 
-    The first `without_a` datasets have no variable `a`."""
+    The first `without_a` datasets have no variable `a`; ``attrs``: each dataset's recorded attributes."""
+    attrs = list(attrs) or [{}] * n_datasets
     rng = np.random.default_rng(seed)
     groups = {}
     for i in range(n_datasets):
@@ -41,12 +46,12 @@ def write_posteriors(path: Path, n_datasets: int, seed: int = 0, without_a: int 
         }, coords={"groups": [f"g{j}" for j in range(n_groups)]})
         groups[f"ds_{i:02d}"] = ds.drop_vars(["a", "groups"]) if i < without_a else ds
     layout = SweepLayout()
-    for dataset_id, ds in groups.items():
-        layout.add(fit_layout(ds), [], dataset_id)
+    for (dataset_id, ds), recorded in zip(groups.items(), attrs, strict=True):
+        layout.add(fit_layout(ds), list(recorded), dataset_id)
     with stacked_writer(path, layout, list(groups)) as writer:
-        for i, ds in enumerate(groups.values()):
+        for i, (ds, recorded) in enumerate(zip(groups.values(), attrs, strict=True)):
             writer.put(i, {name: var.values for name, var in ds.data_vars.items()}, fit_layout(ds)["coords"])
-            writer.describe(i, fit_layout(ds), {}, "", 0)
+            writer.describe(i, fit_layout(ds), recorded, "", 0)
     return groups
 
 
@@ -152,6 +157,48 @@ def test_the_dataset_table_read_in_parts_is_the_one_of_the_whole_summary(tmp_pat
     expected = dataset_table(pd.read_csv(tmp_path / "summary.csv"))
     assert len(expected) == 7
     pd.testing.assert_frame_equal(read_dataset_table(tmp_path / "summary.csv", rows_at_once), expected)
+
+
+@pytest.mark.parametrize(("rows_at_once", "max_rows"), [(1, 4), (3, 4), (5, 100), (100, 7), (100, 1)])
+def test_the_summary_page_shows_the_first_rows_of_the_whole_table_by_status(tmp_path, rows_at_once, max_rows):
+    """Read in parts, the summary page holds the rows pandas' stable sort of the whole summary.csv puts
+    first (failed, warning, ok, then any other status), and says how many it leaves out."""
+    statuses = ["ok", "warning", "failed", "ok", "mystery", "warning", "ok", "failed", "ok"]
+    rows = [{"dataset": f"ds_{i}", "parameter": p if status != "failed" else "", "mean": i + j / 10,
+             "divergences": i if status != "failed" else None, "status": status,
+             "message": "r_hat 1.2 > 1.01" if status == "warning" else ""}
+            for i, status in enumerate(statuses)
+            for j, p in enumerate(("mu", "sigma") if status != "failed" else ("",))]
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    whole = pd.read_csv(tmp_path / "summary.csv")
+    rank = {"failed": 0, "warning": 1, "ok": 2}
+    expected = whole.sort_values("status", key=lambda s: s.map(rank).fillna(3), kind="stable").head(max_rows)
+
+    first, total = first_rows_by_status(tmp_path / "summary.csv", max_rows, rows_at_once)
+    assert total == len(whole) == 16
+    pd.testing.assert_frame_equal(first, expected.reset_index(drop=True), check_dtype=False)
+    text = summary_page(tmp_path / "summary.csv", max_rows=max_rows, rows_at_once=rows_at_once)
+    assert (f"Showing the first {max_rows} of 16 rows" in text) == (max_rows < 16)
+    assert text.count("<tr class=") == min(max_rows, 16)
+
+
+@pytest.mark.parametrize("block", [1, 2, 4096])
+def test_fit_records_read_in_blocks_count_what_xarray_reads(tmp_path, block):
+    attrs = [{"created_at": f"2026-12-0{1 + i % 4}T10:00:0{i}+00:00", "versions": f'{{"pymc": "6.{i % 2}"}}',
+              "model_hash": "m1" if i < 4 else "m2", "compile_key": f"k{i % 3}", "structure": "s",
+              "sampler_path": "cached" if i % 3 else "nutpie"} for i in range(7)]
+    attrs[5].pop("created_at")  # a fit without a date (recorded as '')
+    write_posteriors(tmp_path / "posteriors.nc", 7, attrs=attrs)
+    with xr.open_datatree(tmp_path / "posteriors.nc") as tree:
+        info = tree["datasets"].to_dataset().load()
+
+    records = fit_records(tmp_path / "posteriors.nc", block)
+    dates = sorted(d for d in info["created_at"].values.astype(str) if d)
+    assert (records.first_sampled, records.last_sampled) == (dates[0], dates[-1])
+    for keys in COUNTED:
+        expected = Counter(zip(*(info[key].values.astype(str) for key in keys), strict=True))
+        assert records.counts[keys] == expected
+        assert list(records.counts[keys].most_common()) == list(expected.most_common())  # ties in dataset order
 
 
 def missing(message: str) -> None:

@@ -294,6 +294,21 @@ def open_presence(path: Path) -> xr.Dataset:
         return decoded_group(group, drop_variables=text)
 
 
+def dataset_text(path: Path, names: Sequence[str], block: int = 1024) -> Iterator[dict[str, np.ndarray]]:
+    """posteriors.nc's `datasets` text variables ``names``, ``block`` datasets at a time ('' where a name is absent).
+
+    A block at a time, through netCDF4: all of them at once (each fit's provenance, keys and
+    versions, ~4 KB a dataset) would make a reader's memory grow with the sweep.
+    """
+    with netCDF4.Dataset(path) as nc:
+        group = nc[DATASETS]
+        n = len(group.dimensions[DATASET_DIM])
+        for start in range(0, n, block):
+            size = min(block, n - start)
+            yield {name: (np.asarray(group.variables[name][start:start + size], dtype=object)
+                          if name in group.variables else np.full(size, "", dtype=object)) for name in names}
+
+
 def dataset_posterior(posterior: xr.Dataset, info: xr.Dataset, dataset_id: str) -> xr.Dataset:
     """One dataset's posterior from the stacked ones, padding removed: the selected variables of ``fits/{id}.nc``."""
     mine = posterior.sel({DATASET_DIM: dataset_id}, drop=True)

@@ -31,6 +31,13 @@ STATUSES = ("ok", "warning", "failed")
 REASONS = ("r_hat", "ess_bulk", "divergences")
 DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "min_ess_bulk", "structure",
                    "sampler_path"]
+# summary.csv's text columns, typed when it is read in parts: a part whose datasets have no message
+# would read its message column as float.
+SUMMARY_TEXT_COLUMNS = {column: str for column in ("dataset", "parameter", "status", "message", "structure",
+                                                   "sampler_path")}
+# Rows of summary.csv read at a time (a row per dataset and parameter): what a reader holds at once
+# must not grow with the sweep. 20,000 rows took ~35 MiB to parse, 5,000 about a quarter.
+SUMMARY_ROWS_AT_ONCE = 5_000
 _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
 # Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws
@@ -47,11 +54,10 @@ def dataset_table(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.drop_duplicates("dataset")[DATASET_COLUMNS].reset_index(drop=True)
 
 
-def read_dataset_table(summary_path: Path, rows_at_once: int = 20_000) -> pd.DataFrame:
+def read_dataset_table(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> pd.DataFrame:
     """`dataset_table` of a summary.csv, read a part at a time: a row per parameter and dataset would
     make the plots rule's memory grow with the sweep (22 MB of text at 10,000 tiny fits)."""
-    text = {column: str for column in ("dataset", "status", "message", "structure", "sampler_path")}
-    # text columns typed: a part whose datasets have no message would read its message column as float
+    text = {column: kind for column, kind in SUMMARY_TEXT_COLUMNS.items() if column in DATASET_COLUMNS}
     parts = pd.read_csv(summary_path, usecols=DATASET_COLUMNS, dtype=text, chunksize=rows_at_once)
     return dataset_table(pd.concat([dataset_table(part) for part in parts]))
 

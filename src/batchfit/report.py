@@ -13,23 +13,31 @@ import html
 import platform
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
-import xarray as xr
 import yaml
 
 from batchfit import __version__
 from batchfit.atomic import atomic_path
-from batchfit.combined import DATASET_DIM, DATASETS
+from batchfit.combined import dataset_text
 from batchfit.config import Config, config_to_dict
 from batchfit.fingerprint import LIBRARIES
-from batchfit.plots import dataset_table, reason_counts, status_counts
+from batchfit.plots import (
+    SUMMARY_ROWS_AT_ONCE,
+    SUMMARY_TEXT_COLUMNS,
+    read_dataset_table,
+    reason_counts,
+    status_counts,
+)
 
 # Rows of a table page past which only the first rows are shown (the file has them all): a
 # 1,000-dataset sweep's summary.csv has ~10,000 rows, which a browser shows but nobody reads.
 MAX_TABLE_ROWS = 2000
+# The fits' recorded attributes the provenance page counts, each group of them as one table.
+COUNTED = (("versions",), ("model_hash",), ("compile_key", "structure", "sampler_path"))
 REPORT_LIBRARIES = (*LIBRARIES, "arviz-base", "arviz-stats", "arviz-plots", "xarray", "pandas", "snakemake")
 _STATUS_ORDER = {"failed": 0, "warning": 1, "ok": 2}
 _CSS = """
@@ -48,11 +56,15 @@ def page(title: str, body: str) -> str:
             f"<style>{_CSS}</style></head>\n<body><h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
 
 
-def table(frame: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS, source: str = "") -> str:
-    """An HTML table of `frame` (escaped), rows coloured by a `status` column, cut after `max_rows` rows."""
+def table(frame: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS, source: str = "", total: int | None = None) -> str:
+    """An HTML table of `frame` (escaped), rows coloured by a `status` column, cut after `max_rows` rows.
+
+    ``total``: the rows of the whole table when `frame` holds only its first rows.
+    """
     shown = frame.head(max_rows)
-    note = (f"<p>Showing the first {max_rows} of {len(frame)} rows; {html.escape(source)} has them all.</p>"
-            if len(frame) > max_rows else "")
+    total = len(frame) if total is None else total
+    note = (f"<p>Showing the first {max_rows} of {total} rows; {html.escape(source)} has them all.</p>"
+            if total > max_rows else "")
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     rows = []
     for record in shown.itertuples(index=False):
@@ -76,9 +88,9 @@ def _key_values(items: Mapping[str, object]) -> str:
     return table(pd.DataFrame({"": list(items), "value": [str(v) for v in items.values()]}))
 
 
-def health_page(summary: pd.DataFrame, failures: pd.DataFrame, config: Config) -> str:
-    """Datasets ok / warning / failed, the thresholds, and every warning and failure with its reason."""
-    datasets = dataset_table(summary)
+def health_page(datasets: pd.DataFrame, failures: pd.DataFrame, config: Config) -> str:
+    """Datasets ok / warning / failed (``datasets``: `plots.dataset_table`), the thresholds, and every
+    warning and failure with its reason."""
     h = config.health
     checked = "the free parameters" if h.var_names is None else ", ".join(h.var_names)
     warnings = datasets[datasets["status"] == "warning"].drop(columns=["status"])
@@ -97,10 +109,34 @@ def health_page(summary: pd.DataFrame, failures: pd.DataFrame, config: Config) -
     return page("Health of the sweep", "\n".join(parts))
 
 
-def summary_page(summary: pd.DataFrame) -> str:
-    """summary.csv as a table, failed and warning datasets first."""
-    ordered = summary.sort_values("status", key=lambda s: s.map(_STATUS_ORDER), kind="stable")
-    return page("Diagnostics (summary.csv)", table(ordered, source="summary.csv"))
+def summary_page(summary_path: Path, *, max_rows: int = MAX_TABLE_ROWS,
+                 rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> str:
+    """summary.csv as a table, failed and warning datasets first (its first ``max_rows`` rows in that order)."""
+    first, total = first_rows_by_status(summary_path, max_rows, rows_at_once)
+    return page("Diagnostics (summary.csv)", table(first, max_rows=max_rows, source="summary.csv", total=total))
+
+
+def first_rows_by_status(summary_path: Path, max_rows: int, rows_at_once: int) -> tuple[pd.DataFrame, int]:
+    """The first ``max_rows`` rows of summary.csv sorted (stably) by status, failed first, and its row count.
+
+    Read ``rows_at_once`` rows at a time, keeping at most ``max_rows`` of each status: memory
+    does not grow with the sweep (summary.csv has a row per dataset and parameter).
+    """
+    kept: dict[int, list[pd.DataFrame]] = {}
+    counts: Counter[int] = Counter()
+    total = 0
+    for part in pd.read_csv(summary_path, dtype=SUMMARY_TEXT_COLUMNS, chunksize=rows_at_once):
+        total += len(part)
+        order = part["status"].map(_STATUS_ORDER).fillna(len(_STATUS_ORDER)).astype(int)  # unknown ones last
+        for rank, rows in part.groupby(order, sort=True):
+            wanted = max_rows - counts[rank]
+            if wanted > 0:
+                kept.setdefault(rank, []).append(rows.head(wanted))
+                counts[rank] += min(wanted, len(rows))
+    parts = [frame for rank in sorted(kept) for frame in kept[rank]]
+    if not parts:
+        return pd.read_csv(summary_path, dtype=SUMMARY_TEXT_COLUMNS, nrows=0), total
+    return pd.concat(parts, ignore_index=True).head(max_rows), total
 
 
 def failures_page(failures: pd.DataFrame) -> str:
@@ -108,42 +144,53 @@ def failures_page(failures: pd.DataFrame) -> str:
     return page("Failures (failures.csv)", body)
 
 
-def fit_attributes(posteriors_path: Path) -> dict[str, dict[str, str]]:
-    """Each fitted dataset's recorded attributes (its row of /datasets in posteriors.nc): keys, versions, dates."""
-    with xr.open_datatree(posteriors_path) as tree:
-        info = tree[DATASETS].to_dataset()
-        text = [name for name, var in info.data_vars.items() if var.dtype.kind in "OUS"]
-        table = info[text].load()
-    return {str(dataset_id): {str(key): str(table[key].values[i]) for key in text}
-            for i, dataset_id in enumerate(table[DATASET_DIM].values)}
+@dataclass(frozen=True)
+class FitRecords:
+    """What the provenance page shows of the fits' recorded attributes (the `datasets` group of posteriors.nc)."""
+
+    first_sampled: str
+    last_sampled: str
+    counts: dict[tuple[str, ...], Counter[tuple[str, ...]]]  # datasets per value of each group of COUNTED
+
+
+def fit_records(posteriors_path: Path, block: int = 1024) -> FitRecords:
+    """The fits' sampling dates and value counts, read ``block`` datasets at a time (see `combined.dataset_text`)."""
+    counts: dict[tuple[str, ...], Counter[tuple[str, ...]]] = {keys: Counter() for keys in COUNTED}
+    ends: list[str] = []  # each block's earliest and latest date
+    for part in dataset_text(posteriors_path, ["created_at", *(key for keys in COUNTED for key in keys)], block):
+        for keys, counter in counts.items():
+            counter.update(zip(*(map(str, part[key]) for key in keys), strict=True))
+        stamps = [str(s) for s in part["created_at"] if s]
+        ends += [min(stamps), max(stamps)] if stamps else []
+    return FitRecords(min(ends, default=""), max(ends, default=""), counts)
 
 
 def provenance_page(config: Config, posteriors_path: Path, now: datetime.datetime | None = None) -> str:
     """Versions, model file, config, cache keys and dates of a sweep."""
-    attrs = fit_attributes(posteriors_path)
+    records = fit_records(posteriors_path)
     now = now or datetime.datetime.now(datetime.UTC)
-    created = sorted(a["created_at"] for a in attrs.values() if "created_at" in a)
     model = Path(config.model)
     current = {"batchfit": __version__, "python": platform.python_version(),
                **{name: _version(name) for name in REPORT_LIBRARIES}}
+    versions, model_hash, cache_keys = (_counts(records.counts[keys], keys) for keys in COUNTED)
     parts = [
         "<h2>Dates</h2>",
         _key_values({"report written (UTC)": now.isoformat(timespec="seconds"),
-                     "first fit sampled": created[0] if created else "",
-                     "last fit sampled": created[-1] if created else ""}),
+                     "first fit sampled": records.first_sampled,
+                     "last fit sampled": records.last_sampled}),
         "<h2>Versions</h2><p>Of the environment that wrote this report:</p>",
         _key_values(current),
         "<p>Recorded by the fits (datasets per set of versions):</p>",
-        _counts(attrs, "versions"),
+        versions,
         "<h2>Model file</h2>",
         _key_values({"path": model, "sha256 now": hashlib.sha256(model.read_bytes()).hexdigest()}),
         "<p>Recorded by the fits (datasets per model_hash):</p>",
-        _counts(attrs, "model_hash"),
+        model_hash,
         f"<pre>{html.escape(model.read_text())}</pre>",
         "<h2>Compiled-function cache</h2>",
         _key_values({"cache_dir": config.cache_dir}),
         "<p>Datasets per cache key (compile_key), structure and sampler path:</p>",
-        _counts(attrs, "compile_key", "structure", "sampler_path"),
+        cache_keys,
         "<h2>Config</h2>",
         _key_values({"config file(s)": config.source}),
         f"<pre>{html.escape(yaml.safe_dump(config_to_dict(config), sort_keys=False))}</pre>",
@@ -151,9 +198,8 @@ def provenance_page(config: Config, posteriors_path: Path, now: datetime.datetim
     return page("Provenance", "\n".join(parts))
 
 
-def _counts(attrs: Mapping[str, Mapping[str, str]], *keys: str) -> str:
+def _counts(counted: Counter[tuple[str, ...]], keys: tuple[str, ...]) -> str:
     """A table of the distinct values of `keys` over the fits, with how many datasets have each."""
-    counted = Counter(tuple(a.get(key, "") for key in keys) for a in attrs.values())
     rows = [[*values, n] for values, n in counted.most_common()]
     return table(pd.DataFrame(rows, columns=[*keys, "datasets"]))
 
@@ -171,11 +217,10 @@ def report_dir(config: Config) -> Path:
 
 def write_report_pages(config: Config) -> list[Path]:
     """The `report_pages` rule: health.html, summary.html, failures.html and provenance.html."""
-    summary = pd.read_csv(config.summary_path)
     failures = pd.read_csv(config.failures_csv_path)
     pages = {
-        "health.html": health_page(summary, failures, config),
-        "summary.html": summary_page(summary),
+        "health.html": health_page(read_dataset_table(config.summary_path), failures, config),
+        "summary.html": summary_page(config.summary_path),
         "failures.html": failures_page(failures),
         "provenance.html": provenance_page(config, config.posteriors_path),
     }
