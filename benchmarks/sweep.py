@@ -34,9 +34,13 @@ benchmarks/results/sweep-N.png and prints a Markdown table for the README.
 
 ``--scaling``: for each N, N tiny datasets (30 rows, 3 groups; 2 chains x 200 + 200 draws), a
 warm ``snakemake --cores C`` sweep (the cache filled by Snakemake's compile job first, unmeasured)
-beside pure sampling (``nutpie.sample`` in one process on up to 100 of them, per dataset). Writes
-benchmarks/results/scaling.csv and scaling.png: per-dataset cost against N, with the peak RSS
-of every fit job and of collect.
+beside pure sampling (``nutpie.sample`` in one process on up to 100 of them, per dataset). Two
+ratios: the sweep's wall time over N times pure sampling's median (``ratio_to_pure``, the measure
+of the --n table and of the throughput issue's goals: <= 2.0 at N=100, <= 1.3 at N=1,000), and
+over that divided by the cores (``ratio_to_pure_over_cores``: stricter, as if pure sampling
+used every core for every dataset). Writes benchmarks/results/scaling.csv and scaling.png:
+per-dataset cost against N, with the peak RSS of the largest fit job, collect, plots and report
+pages.
 """
 
 from __future__ import annotations
@@ -486,6 +490,7 @@ def scaling(ns: list[int], cores: int) -> None:
         stages = rule_benchmarks(res_dir)
         row = {"n_datasets": n, "cores": cores, "total_wall_s": round(r.wall, 2),
                "per_dataset_s": round(r.wall / n, 4), "pure_per_dataset_s": round(pure_per, 4),
+               "ratio_to_pure": round(r.wall / (n * pure_per), 2),
                "ratio_to_pure_over_cores": round(r.wall / (n * pure_per / cores), 2),
                "fit_jobs": stages.get("fit", {}).get("jobs", 0),
                "peak_rss_fit_job_mib": round(mib(r.peak_of("fit.py"))),
@@ -498,6 +503,18 @@ def scaling(ns: list[int], cores: int) -> None:
         print(f"  per rule (Snakemake benchmark:): {stage_line(stages)}", flush=True)
         rows.append(row)
     write_csv(RESULTS / "scaling.csv", rows)
+    for row in rows:
+        goal = {100: 2.0, 1000: 1.3}.get(row["n_datasets"])
+        if goal is not None:
+            print(f"N={row['n_datasets']}: batchfit warm / pure sampling {row['ratio_to_pure']} "
+                  f"(goal <= {goal}: {'met' if row['ratio_to_pure'] <= goal else 'NOT met'}); "
+                  f"over pure sampling / {row['cores']} cores {row['ratio_to_pure_over_cores']}")
+    for job in ("fit_job", "collect", "plots", "report_pages"):
+        peaks = [row[f"peak_rss_{job}_mib"] for row in rows if row["n_datasets"] >= 1000]
+        if len(peaks) > 1:
+            growth = max(peaks) / min(peaks)
+            print(f"peak RSS of {job} from N=1000 up: {min(peaks)} -> {max(peaks)} MiB, x{growth:.2f} "
+                  f"(goal within 10%: {'met' if growth <= 1.1 else 'NOT met'})")
     plot_scaling(rows, RESULTS / "scaling.png", machine)
     print(f"wrote {RESULTS / 'scaling.csv'} and {RESULTS / 'scaling.png'}")
 
@@ -517,6 +534,8 @@ def plot_scaling(rows: list[dict], path: Path, machine: str) -> None:
     axes[0].legend(fontsize=8)
     axes[1].plot(ns, [row["peak_rss_fit_job_mib"] for row in rows], "o-", label="largest fit job")
     axes[1].plot(ns, [row["peak_rss_collect_mib"] for row in rows], "s-", label="collect")
+    axes[1].plot(ns, [row["peak_rss_plots_mib"] for row in rows], "^-", label="plots")
+    axes[1].plot(ns, [row["peak_rss_report_pages_mib"] for row in rows], "v-", label="report pages")
     axes[1].set(xscale="log", xlabel="datasets N", ylabel="peak RSS (MiB)", title="memory")
     axes[1].legend(fontsize=8)
     fig.suptitle(f"tiny datasets (30 rows, 2 chains x 200 + 200); {machine}", fontsize=7)
