@@ -21,7 +21,7 @@ from test_pipeline import snakemake, write_sweep
 from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
-from batchfit.plots import dataset_table, forest_figure, forest_rows, plot_health, read_dataset_table
+from batchfit.plots import DATASET_COLUMNS, forest_figure, forest_rows, plot_health, read_health
 from batchfit.report import COUNTED, first_rows_by_status, fit_records, summary_page
 from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
 
@@ -140,23 +140,32 @@ def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):
     rows = [{"dataset": f"ds_{i}", "parameter": "mu", "status": "ok", "message": "", "divergences": 0,
              "max_r_hat": 1.0, "min_ess_bulk": 900.0, "structure": "s", "sampler_path": "cached"} for i in range(3)]
     pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
-    summary = pd.read_csv(tmp_path / "summary.csv")
-    plot_health(summary, tmp_path / "health.png")
+    plot_health(read_health(tmp_path / "summary.csv", max_rows=0), tmp_path / "health.png")
     assert (tmp_path / "health.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("max_rows", [1, 100])
 @pytest.mark.parametrize("rows_at_once", [1, 4, 5, 100])
-def test_the_dataset_table_read_in_parts_is_the_one_of_the_whole_summary(tmp_path, rows_at_once):
-    """A dataset's parameter rows split between parts (and failed datasets, one row each) still give
-    one row per dataset, in summary.csv's order."""
-    rows = [{"dataset": f"ds_{i}", "parameter": p, "status": "warning" if i % 3 else "ok",
-             "message": "r_hat 1.2 > 1.01" if i % 3 else "", "divergences": i, "max_r_hat": 1.0 + i / 10,
-             "min_ess_bulk": 900.0 - i, "structure": "s", "sampler_path": "cached", "mean": float(j)}
-            for i in range(7) for j, p in enumerate(("mu", "sigma", "a[1]") if i != 4 else ("",))]
+def test_the_health_read_in_parts_is_the_whole_summarys(tmp_path, rows_at_once, max_rows):
+    """A dataset's parameter rows split between parts (and failed datasets, one row each) still count
+    once; the counts and first warnings are what pandas makes of the whole summary.csv."""
+    rows = [{"dataset": f"ds_{i}", "parameter": p, "status": ("warning", "ok", "failed")[i % 3] if i != 4 else "failed",
+             "message": ("r_hat 1.2 > 1.01", "", "sampling failed")[i % 3] + ("; divergences 3 > 0" if i == 3 else ""),
+             "divergences": i, "max_r_hat": 1.0 + i / 10, "min_ess_bulk": 900.0 - i, "structure": "s",
+             "sampler_path": "cached", "mean": float(j)}
+            for i in range(8) for j, p in enumerate(("mu", "sigma", "a[1]") if i != 4 else ("",))]
     pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
-    expected = dataset_table(pd.read_csv(tmp_path / "summary.csv"))
-    assert len(expected) == 7
-    pd.testing.assert_frame_equal(read_dataset_table(tmp_path / "summary.csv", rows_at_once), expected)
+    datasets = pd.read_csv(tmp_path / "summary.csv").drop_duplicates("dataset")
+    warned = datasets[datasets["status"] == "warning"]
+
+    health = read_health(tmp_path / "summary.csv", max_rows, rows_at_once)
+    assert health.n_datasets == len(datasets) == 8
+    assert health.counts == {s: int((datasets["status"] == s).sum()) for s in ("ok", "warning", "failed")}
+    assert health.reasons == {r: int(warned["message"].str.contains(r).sum()) for r in ("r_hat", "ess_bulk",
+                                                                                       "divergences")}
+    assert health.reasons["divergences"] == 1 and health.n_warnings == len(warned) == 3
+    pd.testing.assert_frame_equal(health.warnings, warned[DATASET_COLUMNS].head(max_rows).reset_index(drop=True),
+                                  check_dtype=False)
 
 
 @pytest.mark.parametrize(("rows_at_once", "max_rows"), [(1, 4), (3, 4), (5, 100), (100, 7), (100, 1)])

@@ -54,12 +54,44 @@ def dataset_table(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.drop_duplicates("dataset")[DATASET_COLUMNS].reset_index(drop=True)
 
 
-def read_dataset_table(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> pd.DataFrame:
-    """`dataset_table` of a summary.csv, read a part at a time: a row per parameter and dataset would
-    make the plots rule's memory grow with the sweep (22 MB of text at 10,000 tiny fits)."""
+@dataclass(frozen=True)
+class SweepHealth:
+    """The datasets of summary.csv by status and by health threshold crossed, and its first warnings."""
+
+    n_datasets: int
+    counts: dict[str, int]  # datasets per status, every status present
+    reasons: dict[str, int]  # warning datasets per threshold crossed (a dataset may cross several)
+    warnings: pd.DataFrame  # the first warning datasets (`dataset_table` rows), at most the max_rows asked for
+    n_warnings: int
+
+
+def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
+    """The `SweepHealth` of a summary.csv, read a part at a time and kept as counts: a row per dataset
+    and parameter, or even a row per dataset, would make the memory of the plots and report
+    rules grow with the sweep (22 MB of text at 10,000 tiny fits).
+
+    A dataset's rows are consecutive in summary.csv (collect writes it dataset by dataset), so a
+    dataset is split between two parts only at their boundary.
+    """
     text = {column: kind for column, kind in SUMMARY_TEXT_COLUMNS.items() if column in DATASET_COLUMNS}
-    parts = pd.read_csv(summary_path, usecols=DATASET_COLUMNS, dtype=text, chunksize=rows_at_once)
-    return dataset_table(pd.concat([dataset_table(part) for part in parts]))
+    n, counts, reasons, first, n_warnings = 0, dict.fromkeys(STATUSES, 0), dict.fromkeys(REASONS, 0), [], 0
+    last = None  # the previous part's last dataset
+    for part in pd.read_csv(summary_path, usecols=DATASET_COLUMNS, dtype=text, chunksize=rows_at_once):
+        datasets = dataset_table(part)
+        if len(datasets) and datasets["dataset"].iloc[0] == last:
+            datasets = datasets.iloc[1:]  # its first rows were in the part before
+        if not len(datasets):
+            continue
+        last = datasets["dataset"].iloc[-1]
+        n += len(datasets)
+        for totals, part_counts in ((counts, status_counts(datasets)), (reasons, reason_counts(datasets))):
+            for key, count in part_counts.items():
+                totals[key] += count
+        warned = datasets[datasets["status"] == "warning"]
+        first.append(warned.head(max(0, max_rows - n_warnings)))
+        n_warnings += len(warned)
+    table = pd.concat(first, ignore_index=True) if first else pd.DataFrame(columns=DATASET_COLUMNS)
+    return SweepHealth(n, counts, reasons, table, n_warnings)
 
 
 def status_counts(datasets: pd.DataFrame) -> dict[str, int]:
@@ -75,15 +107,14 @@ def reason_counts(datasets: pd.DataFrame) -> dict[str, int]:
     return {reason: int(messages.str.contains(reason, regex=False).sum()) for reason in REASONS}
 
 
-def plot_health(summary: pd.DataFrame, path: Path) -> None:
+def plot_health(health: SweepHealth, path: Path) -> None:
     """Bar charts: datasets per status, and warnings per threshold crossed."""
-    datasets = dataset_table(summary)
-    counts, reasons = status_counts(datasets), reason_counts(datasets)
+    counts, reasons = health.counts, health.reasons
     fig = Figure(figsize=(9, 3), layout="constrained")
     left, right = fig.subplots(1, 2)
     bars = left.barh(list(counts), list(counts.values()), color=[_STATUS_COLOURS[s] for s in counts])
     left.bar_label(bars)
-    left.set_title(f"{len(datasets)} datasets")
+    left.set_title(f"{health.n_datasets} datasets")
     left.invert_yaxis()
     bars = right.barh(list(reasons), list(reasons.values()), color=_STATUS_COLOURS["warning"])
     right.bar_label(bars)
@@ -194,7 +225,7 @@ def write_plots(config: Config) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "health.png"]
     with lazy_jax_hidden():
-        plot_health(read_dataset_table(config.summary_path), written[0])
+        plot_health(read_health(config.summary_path, max_rows=0), written[0])
         forest_dir = out / "forest"
         shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
         forest_dir.mkdir()

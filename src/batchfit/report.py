@@ -25,13 +25,7 @@ from batchfit.atomic import atomic_path
 from batchfit.combined import dataset_text
 from batchfit.config import Config, config_to_dict
 from batchfit.fingerprint import LIBRARIES
-from batchfit.plots import (
-    SUMMARY_ROWS_AT_ONCE,
-    SUMMARY_TEXT_COLUMNS,
-    read_dataset_table,
-    reason_counts,
-    status_counts,
-)
+from batchfit.plots import SUMMARY_ROWS_AT_ONCE, SUMMARY_TEXT_COLUMNS, SweepHealth, read_health
 
 # Rows of a table page past which only the first rows are shown (the file has them all): a
 # 1,000-dataset sweep's summary.csv has ~10,000 rows, which a browser shows but nobody reads.
@@ -88,21 +82,21 @@ def _key_values(items: Mapping[str, object]) -> str:
     return table(pd.DataFrame({"": list(items), "value": [str(v) for v in items.values()]}))
 
 
-def health_page(datasets: pd.DataFrame, failures: pd.DataFrame, config: Config) -> str:
-    """Datasets ok / warning / failed (``datasets``: `plots.dataset_table`), the thresholds, and every
-    warning and failure with its reason."""
+def health_page(health: SweepHealth, failures: pd.DataFrame, config: Config) -> str:
+    """Datasets ok / warning / failed, the thresholds, and every warning (up to the table's rows) and
+    failure with its reason."""
     h = config.health
     checked = "the free parameters" if h.var_names is None else ", ".join(h.var_names)
-    warnings = datasets[datasets["status"] == "warning"].drop(columns=["status"])
+    warnings = health.warnings.drop(columns=["status"])
     parts = [
-        table(pd.DataFrame([status_counts(datasets) | {"total": len(datasets)}])),
+        table(pd.DataFrame([health.counts | {"total": health.n_datasets}])),
         f"<p>A fit is a <b>warning</b> when any of its r_hat &gt; {h.max_r_hat}, any ess_bulk &lt; "
         f"{h.min_ess_bulk} (checked on {html.escape(checked)}) or it has more than {h.max_divergences} "
         "divergent transitions (config key <code>health</code>).</p>",
         "<h2>Warnings by threshold crossed</h2>",
-        table(pd.DataFrame([reason_counts(datasets)])),
-        f"<h2>Warnings ({len(warnings)})</h2>",
-        table(warnings, source="summary.csv") if len(warnings) else "<p>No warnings.</p>",
+        table(pd.DataFrame([health.reasons])),
+        f"<h2>Warnings ({health.n_warnings})</h2>",
+        table(warnings, source="summary.csv", total=health.n_warnings) if health.n_warnings else "<p>No warnings.</p>",
         f"<h2>Failures ({len(failures)})</h2>",
         table(failures, source="failures.csv") if len(failures) else "<p>No dataset failed.</p>",
     ]
@@ -219,7 +213,7 @@ def write_report_pages(config: Config) -> list[Path]:
     """The `report_pages` rule: health.html, summary.html, failures.html and provenance.html."""
     failures = pd.read_csv(config.failures_csv_path)
     pages = {
-        "health.html": health_page(read_dataset_table(config.summary_path), failures, config),
+        "health.html": health_page(read_health(config.summary_path, MAX_TABLE_ROWS), failures, config),
         "summary.html": summary_page(config.summary_path),
         "failures.html": failures_page(failures),
         "provenance.html": provenance_page(config, config.posteriors_path),
