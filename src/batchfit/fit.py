@@ -562,11 +562,11 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int, for_collect: boo
         return _failed(config, job, exc)
     config.failure_path(job.id).unlink(missing_ok=True)
     if for_collect:
-        presummarise(fitter.summaries, job.id, config.fit_path(job.id))
+        presummarise(fitter, job.id)
     return Outcome(job.id, "ok", time.perf_counter() - job.started)
 
 
-def presummarise(summaries: SummaryCache, dataset_id: str, fit: Path) -> None:
+def presummarise(fitter: Fitter, dataset_id: str) -> None:
     """Summarise a fit just written, as collect would, into collect's cache (`collect.SummaryCache.entry`).
 
     Done while the next dataset samples, so collect, which runs after every fit, finds each
@@ -575,7 +575,7 @@ def presummarise(summaries: SummaryCache, dataset_id: str, fit: Path) -> None:
     it in the sweep's order.
     """
     try:
-        summaries.entry(dataset_id, fit)
+        fitter.summaries.entry(dataset_id, fitter.config.fit_path(dataset_id))
     except Exception as exc:  # noqa: BLE001 - collect summarises it again and raises there
         log.debug("%s: not summarised for collect (%s)", dataset_id, one_line(exc))
 
