@@ -6,6 +6,5 @@ from batchfit.sbc import sbc_config
 
 config = sbc_config(snakemake_config(snakemake.config, snakemake.params.config_source))
 with log_to(snakemake.log[0]):
-    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads,
-              for_collect=False)  # its fits are ranked, never collected
+    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

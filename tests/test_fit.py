@@ -111,9 +111,9 @@ def batch10(data_dir, tmp_path_factory, hierarchical_entry):
         counts["pytensor_functions"] += 1
         return real_init(self, *args, **kwargs)
 
-    def recording_fit_datasets(fitter, claims, paths, **options):
+    def recording_fit_datasets(fitter, claims, paths, *, threads):
         snapshots.append(dict(counts))  # after compile_model and the Fitter's set-up
-        for index, outcome in real_fit_datasets(fitter, claims, paths, **options):
+        for index, outcome in real_fit_datasets(fitter, claims, paths, threads=threads):
             snapshots.append(dict(counts))
             outcomes.append(outcome)
             trees.append(read_tree(config.fit_path(outcome.dataset)) if outcome.status == "ok" else None)
@@ -436,36 +436,6 @@ def test_fit_without_extras_has_no_extra_groups(batch10, tmp_path, session_cache
         groups = {name.strip("/") for name in tree.groups}
         assert "log_likelihood" not in groups and "posterior_predictive" not in groups
         assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= groups
-
-
-def test_each_fit_is_summarised_for_collect_as_collect_summarises_it(batch10, tmp_path):
-    """The fit job summarises each fit it writes into collect's cache (while the next samples):
-    collect then reads no fit, and writes what a collect from no cache writes."""
-    import batchfit.collect as collect_module
-    from batchfit.collect import collect, collect_fits
-
-    config = batch10["config"]
-    ids = list(dict.fromkeys(batch10["ids"]))
-    assert sorted(p.stem for p in config.summaries_dir.glob("*.json")) == sorted(ids)
-
-    def no_reading(*args):
-        raise AssertionError(f"collect read a fit: {args}")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(collect_module, "read_fit", no_reading)  # summaries: the fit job's
-        mp.setattr(collect_module, "read_posterior", no_reading)  # draws: staged by the fit job
-        report = collect(config, ids)
-    assert report.summarised_ids == [] and not (config.summaries_dir / "staged").exists()
-
-    scratch = collect_fits(ids, fit_path=config.fit_path, failure_path=config.failure_path,
-                           posteriors_path=tmp_path / "posteriors.nc", summary_path=tmp_path / "summary.csv",
-                           failures_csv_path=tmp_path / "failures.csv", thresholds=config.health,
-                           summary=config.summary, cache_dir=tmp_path / "summaries")
-    assert scratch.summarised_ids == scratch.posterior_read_ids == ids
-    assert (tmp_path / "summary.csv").read_text() == config.summary_path.read_text()
-    with xr.open_datatree(tmp_path / "posteriors.nc") as fresh, xr.open_datatree(config.posteriors_path) as got:
-        xr.testing.assert_identical(got["posterior"].to_dataset(), fresh["posterior"].to_dataset())
-        xr.testing.assert_identical(got["datasets"].to_dataset(), fresh["datasets"].to_dataset())
 
 
 # --- 7. the log-likelihood is right ------------------------------------------------------------------

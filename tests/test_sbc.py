@@ -98,7 +98,6 @@ def test_correct_model_passes_and_simulations_follow_the_prior(tmp_path: Path, s
     tree = xr.open_datatree(sbc_root(config) / "ranks.nc")
     assert tree["prior_sbc"]["sigma"].shape == (1, 40)
     assert (sbc_root(config) / "plots" / "sigma.png").stat().st_size > 1000
-    assert not (sbc_root(config) / "summaries").exists()  # nothing collects an SBC's fits: none summarised for it
 
 
 @pytest.mark.slow
@@ -204,4 +203,3 @@ def test_snakemake_sbc_target(tmp_path: Path, session_cache: Path) -> None:
     assert len(list((root / "batches").glob("*.json"))) == 2  # two fit jobs of three simulations
     assert len(pd.read_csv(root / "ranks.csv")) == 12
     assert (root / "plots" / "mu.png").exists()
-    assert not (root / "summaries").exists()  # the sbc_fit jobs do not summarise their fits for collect

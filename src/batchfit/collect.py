@@ -98,9 +98,6 @@ class CollectConfig(Protocol):
     @property
     def failures_csv_path(self) -> Path: ...
 
-    @property
-    def summaries_dir(self) -> Path: ...
-
 
 @dataclass(frozen=True)
 class CollectReport:
@@ -154,14 +151,9 @@ def collect(
         thresholds=config.health,
         summary=config.summary,
         expected_provenance=expected_provenance,
-        cache_dir=config.summaries_dir,
+        cache_dir=config.results_dir / "summaries",
         workers=workers,
     )
-
-
-def summary_cache(config: CollectConfig) -> SummaryCache:
-    """The sweep's cache of fit summaries, as collect reads it: a fit job fills it as it writes each fit."""
-    return SummaryCache(config.summaries_dir, config.summary, config.health)
 
 
 def collect_fits(

@@ -197,11 +197,6 @@ class Config:
         """The table of datasets that failed."""
         return self.results_dir / "failures.csv"
 
-    @property
-    def summaries_dir(self) -> Path:
-        """Each fit's summary for collect (`batchfit.collect.SummaryCache`)."""
-        return self.results_dir / "summaries"
-
     def sampler_dict(self) -> dict[str, int | float]:
         """Sampler settings as a plain dict, recorded as attributes in the outputs."""
         s = self.sampler

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import hashlib
 import json
 import logging
@@ -18,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -44,9 +43,6 @@ from batchfit.modelfile import (
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
 from batchfit.structures import CACHED, NUTPIE, PYMC, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
-
-if TYPE_CHECKING:
-    from batchfit.collect import SummaryCache
 
 log = logging.getLogger("batchfit")
 
@@ -181,14 +177,6 @@ class Fitter:
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
         self.kept = kept_variables(config, self.roles)
         self.reference = self._structure(ref.model, ref.dataset)
-
-    @functools.cached_property
-    def summaries(self) -> SummaryCache:
-        """collect's cache of fit summaries (see `presummarise`): made at the
-        first fit written, so that importing collect overlaps the next dataset's sample."""
-        from batchfit.collect import summary_cache
-
-        return summary_cache(self.config)
 
     @property
     def compile_line(self) -> str:
@@ -408,15 +396,13 @@ def write_fit(tree: Any, path: Path) -> None:
         tree.to_netcdf(tmp, engine="netcdf4")
 
 
-def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1,
-              for_collect: bool = True) -> BatchReport:
+def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
     """Fit ``dataset_ids`` with one compile; write fits, failures and the manifest.
 
     With more threads than the sampler's chains, helper processes fit datasets of the batch
     beside this one (`batchfit.lanes`). With ``on_error: stop`` the first failure (in the batch's
     order) is raised after the manifest is written; with ``continue`` it is recorded and the batch
-    goes on. Already written fits are never removed. ``for_collect``: each fit is also summarised
-    for collect (`presummarise`); an SBC's fits, which nothing collects, are not.
+    goes on. Already written fits are never removed.
     """
     # The datasets first, so that a dataset's log lines (each starts with its id) are found by
     # `batchfit status --dataset` and by grep.
@@ -425,13 +411,13 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
-    with lanes(config, dataset_ids, threads=threads, for_collect=for_collect) as job_lanes:  # helpers start first
+    with lanes(config, dataset_ids, threads=threads) as job_lanes:  # helpers start first: their start overlaps ours
         cache, paths, ref = prepare(config)
         fitter = Fitter(config, ref, cache, compile_workers=threads)
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)
         progress = Progress(len(dataset_ids))
-        own = fit_datasets(fitter, job_lanes.claims, paths, threads=job_lanes.threads_each, for_collect=for_collect)
+        own = fit_datasets(fitter, job_lanes.claims, paths, threads=job_lanes.threads_each)
         try:
             for outcome in in_batch_order(job_lanes.outcomes(own)):
                 if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
@@ -481,14 +467,13 @@ class DatasetFit:
 
 
 def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: dict[str, Path], *,
-                 threads: int, for_collect: bool = True) -> Iterator[tuple[int, Outcome]]:
+                 threads: int) -> Iterator[tuple[int, Outcome]]:
     """Fit the claimed (position, dataset id) pairs one sample at a time; yield (position, Outcome) as each ends.
 
     nutpie samples in its own threads, outside the GIL. So while a dataset samples, this thread
-    finishes the one before (optional outputs, writing and, ``for_collect``, its summary for
-    collect) and prepares the next (load, check, build, sampler model), claiming it only then:
-    another lane may take it first (`batchfit.lanes.Claims`). A dataset's draws depend only on
-    its data and seed.
+    finishes the one before (optional outputs, writing) and prepares the next (load, check,
+    build, sampler model), claiming it only then: another lane may take it first
+    (`batchfit.lanes.Claims`). A dataset's draws depend only on its data and seed.
     """
     running: tuple[int, DatasetFit] | None = None
     try:
@@ -504,10 +489,10 @@ def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: dict[
             fitter.start(prepared.sampling, threads=threads)
             running = index, prepared
             if finished is not None:  # finished while the next one samples
-                yield finished[0], _complete(fitter, finished[1], threads=threads, for_collect=for_collect)
+                yield finished[0], _complete(fitter, finished[1], threads=threads)
         if running is not None:
             finished, running = running, None
-            yield finished[0], _complete(fitter, finished[1], threads=threads, for_collect=for_collect)
+            yield finished[0], _complete(fitter, finished[1], threads=threads)
     finally:  # with a sample running only when the caller stops (on_error: stop, or an interrupt)
         if running is not None:
             running[1].sampling.cancel()
@@ -545,9 +530,8 @@ def _prepare(fitter: Fitter, dataset_id: str, paths: dict[str, Path]) -> Dataset
     return job
 
 
-def _complete(fitter: Fitter, job: DatasetFit, *, threads: int, for_collect: bool) -> Outcome:
-    """Take a started dataset's sample, add its outputs and write its fit (and, ``for_collect``,
-    its summary for collect); a failure becomes its Outcome."""
+def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
+    """Take a started dataset's sample, add its outputs and write its fit; a failure becomes its Outcome."""
     config = fitter.config
     try:
         tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
@@ -561,23 +545,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int, for_collect: boo
     except Exception as exc:  # noqa: BLE001 - as in `_prepare`
         return _failed(config, job, exc)
     config.failure_path(job.id).unlink(missing_ok=True)
-    if for_collect:
-        presummarise(fitter, job.id)
     return Outcome(job.id, "ok", time.perf_counter() - job.started)
-
-
-def presummarise(fitter: Fitter, dataset_id: str) -> None:
-    """Summarise a fit just written, as collect would, into collect's cache (`collect.SummaryCache.entry`).
-
-    Done while the next dataset samples, so collect, which runs after every fit, finds each
-    summary (keyed by the fit's content and the summary settings) and its staged draws ready and
-    only assembles the outputs. A fit that cannot be summarised is left to collect, which reports
-    it in the sweep's order.
-    """
-    try:
-        fitter.summaries.entry(dataset_id, fitter.config.fit_path(dataset_id))
-    except Exception as exc:  # noqa: BLE001 - collect summarises it again and raises there
-        log.debug("%s: not summarised for collect (%s)", dataset_id, one_line(exc))
 
 
 def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:

@@ -102,8 +102,7 @@ class Helper:
 class Lanes:
     """The helper lanes of one job, and the batch's claims they share with the job's own lane."""
 
-    def __init__(self, config: Config, dataset_ids: Sequence[str], *, threads: int, directory: Path,
-                 for_collect: bool = True):
+    def __init__(self, config: Config, dataset_ids: Sequence[str], *, threads: int, directory: Path):
         lanes = lane_count(threads, config.sampler.chains, len(dataset_ids))
         self.threads_each = max(1, threads // lanes)
         self.claims = Claims(dataset_ids, directory / "claims" if lanes > 1 else None)
@@ -114,7 +113,7 @@ class Lanes:
         spec = directory / "lane.json"
         spec.write_text(json.dumps({"config": config_to_dict(config), "source": config.source,
                                     "ids": list(dataset_ids), "counter": str(self.claims.counter),
-                                    "threads": self.threads_each, "for_collect": for_collect}))
+                                    "threads": self.threads_each}))
         for number in range(1, lanes):
             process = subprocess.Popen([sys.executable, "-m", "batchfit.lanes", str(spec)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -222,10 +221,10 @@ class Lanes:
 
 
 @contextlib.contextmanager
-def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int, for_collect: bool = True) -> Iterator[Lanes]:
+def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int) -> Iterator[Lanes]:
     """The lanes of a fit job for ``dataset_ids``; helpers are started now and ended on leaving."""
     with tempfile.TemporaryDirectory(prefix="batchfit-lanes-") as directory:
-        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory), for_collect=for_collect)
+        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory))
         try:
             yield job_lanes
         finally:
@@ -288,8 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _report(out, lock, {"claimed": index})
             yield index, dataset_id
 
-    for index, outcome in fit_datasets(fitter, claimed(), paths, threads=spec["threads"],
-                                       for_collect=spec["for_collect"]):
+    for index, outcome in fit_datasets(fitter, claimed(), paths, threads=spec["threads"]):
         _report(out, lock, {"index": index, "outcome": dataclasses.asdict(outcome)})
     return 0
 

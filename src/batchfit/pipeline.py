@@ -272,18 +272,15 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
-def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1,
-            for_collect: bool = True) -> int:
-    """Fit the given datasets (default: every pending one) batch by batch; return the failure count.
-
-    ``for_collect``: summarise each fit for collect as it is written (see `fit.fit_batch`)."""
+def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:
+    """Fit the given datasets (default: every pending one) batch by batch; return the failure count."""
     from batchfit.fit import fit_batch
 
     batches = ({batch_id(list(dataset_ids)): list(dataset_ids)} if dataset_ids is not None
                else plan(config).batches)
     failed = 0
     for name, ids in batches.items():
-        failed += fit_batch(config, ids, batch_id=name, threads=threads, for_collect=for_collect).n_failed
+        failed += fit_batch(config, ids, batch_id=name, threads=threads).n_failed
     return failed
 
 

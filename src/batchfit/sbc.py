@@ -553,7 +553,7 @@ def run_sbc(config: Config, *, threads: int = 1) -> SBCResult:
     log.info(simulate(config).one_line())
     sweep = sbc_config(config)
     run_compile(sweep, workers=threads)
-    failed = run_fit(sweep, threads=threads, for_collect=False)  # its fits are ranked, never collected
+    failed = run_fit(sweep, threads=threads)
     if failed:
         log.warning("sbc: %d simulated fit(s) failed in this run", failed)
     return rank_simulations(config)
