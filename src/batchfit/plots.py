@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,7 @@ DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "
                    "sampler_path"]
 # summary.csv's text columns, typed when it is read in parts: a part whose datasets have no message
 # would read its message column as float.
-SUMMARY_TEXT_COLUMNS = {column: str for column in ("dataset", "parameter", "status", "message", "structure",
-                                                   "sampler_path")}
+_SUMMARY_TEXT_COLUMNS = ("dataset", "parameter", "status", "message", "structure", "sampler_path")
 # Rows of summary.csv read at a time (a row per dataset and parameter): what a reader holds at once
 # must not grow with the sweep. 20,000 rows took ~35 MiB to parse, 5,000 about a quarter.
 SUMMARY_ROWS_AT_ONCE = 5_000
@@ -65,6 +64,13 @@ class SweepHealth:
     n_warnings: int
 
 
+def summary_parts(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE,
+                  columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+    """summary.csv (``columns`` of it, default all) ``rows_at_once`` rows at a time, its text columns as text."""
+    text = {column: str for column in _SUMMARY_TEXT_COLUMNS if columns is None or column in columns}
+    return pd.read_csv(summary_path, usecols=columns, dtype=text, chunksize=rows_at_once)
+
+
 def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
     """The `SweepHealth` of a summary.csv, read a part at a time and kept as counts: a row per dataset
     and parameter, or even a row per dataset, would make the memory of the plots and report
@@ -73,10 +79,9 @@ def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_R
     A dataset's rows are consecutive in summary.csv (collect writes it dataset by dataset), so a
     dataset is split between two parts only at their boundary.
     """
-    text = {column: kind for column, kind in SUMMARY_TEXT_COLUMNS.items() if column in DATASET_COLUMNS}
     n, counts, reasons, first, n_warnings = 0, dict.fromkeys(STATUSES, 0), dict.fromkeys(REASONS, 0), [], 0
     last = None  # the previous part's last dataset
-    for part in pd.read_csv(summary_path, usecols=DATASET_COLUMNS, dtype=text, chunksize=rows_at_once):
+    for part in summary_parts(summary_path, rows_at_once, DATASET_COLUMNS):
         datasets = dataset_table(part)
         if len(datasets) and datasets["dataset"].iloc[0] == last:
             datasets = datasets.iloc[1:]  # its first rows were in the part before

@@ -25,7 +25,7 @@ from batchfit.atomic import atomic_path
 from batchfit.combined import dataset_text
 from batchfit.config import Config, config_to_dict
 from batchfit.fingerprint import LIBRARIES
-from batchfit.plots import SUMMARY_ROWS_AT_ONCE, SUMMARY_TEXT_COLUMNS, SweepHealth, read_health
+from batchfit.plots import SUMMARY_ROWS_AT_ONCE, SweepHealth, read_health, summary_parts
 
 # Rows of a table page past which only the first rows are shown (the file has them all): a
 # 1,000-dataset sweep's summary.csv has ~10,000 rows, which a browser shows but nobody reads.
@@ -119,7 +119,7 @@ def first_rows_by_status(summary_path: Path, max_rows: int, rows_at_once: int) -
     kept: dict[int, list[pd.DataFrame]] = {}
     counts: Counter[int] = Counter()
     total = 0
-    for part in pd.read_csv(summary_path, dtype=SUMMARY_TEXT_COLUMNS, chunksize=rows_at_once):
+    for part in summary_parts(summary_path, rows_at_once):
         total += len(part)
         order = part["status"].map(_STATUS_ORDER).fillna(len(_STATUS_ORDER)).astype(int)  # unknown ones last
         for rank, rows in part.groupby(order, sort=True):
@@ -128,8 +128,8 @@ def first_rows_by_status(summary_path: Path, max_rows: int, rows_at_once: int) -
                 kept.setdefault(rank, []).append(rows.head(wanted))
                 counts[rank] += min(wanted, len(rows))
     parts = [frame for rank in sorted(kept) for frame in kept[rank]]
-    if not parts:
-        return pd.read_csv(summary_path, dtype=SUMMARY_TEXT_COLUMNS, nrows=0), total
+    if not parts:  # a summary.csv of its header only
+        return pd.read_csv(summary_path, nrows=0), total
     return pd.concat(parts, ignore_index=True).head(max_rows), total
 
 
