@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.cache import CacheDir, CorruptEntry, Fetched, get_or_build
-from batchfit.cache_heal import damage_message, heal_after, is_damage_error, retry_after_healing
+from batchfit.cache_heal import damage_message, heal, is_damage_error, retry_after_healing
 from batchfit.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compat import import_nutpie
 from batchfit.config import OutputSettings
@@ -47,8 +47,9 @@ log = logging.getLogger("batchfit")
 
 NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
 
-# Exit code of a compile worker that found damaged cache files, removed them and should be run again.
-HEALED_EXIT = 3
+# Exit code of a compile worker that failed reading a damaged cache file: the parent heals the
+# cache (one process, once every worker has exited) and builds the entry again.
+DAMAGED_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,12 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
 
     With two or more ``workers`` one interpreter compiles the log density's callback while
     another compiles the rest: numba compiles a function on one core, and on two cores that cut
-    a cold compile by about a second. A worker that hit damaged cache files removes them and
-    exits with HEALED_EXIT; the entry is then built once more by one worker (in a fresh process,
-    so no half-loaded numba state is reused) and the damage is reported here, in the job's own
-    warnings. The workers' other output goes to our log.
+    a cold compile by about a second. A worker that failed reading a damaged cache file exits
+    with DAMAGED_EXIT; once all have exited this process removes the damage (here, not in the
+    workers: two workers healing at once each see only what the other left, and their warnings
+    named different files) and one worker builds the entry again (in a fresh process, so no
+    half-loaded numba state is reused); the damage is reported in the job's own warnings. The
+    workers' other output goes to our log.
     """
     cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
            "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
@@ -220,9 +223,13 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, [*cmd, "--part", part], part) for part in parts}
         procs = {part: future.result() for part, future in running.items()}
-    healed = [proc for proc in procs.values() if proc.returncode == HEALED_EXIT]
-    if healed:
-        warnings.warn(f"compiling cache entry {key[:12]}: {_result(healed[0])['healed']}", stacklevel=3)
+    damaged = [part for part, proc in procs.items() if proc.returncode == DAMAGED_EXIT]
+    if damaged:
+        removed = heal(cache)
+        if not removed:
+            raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
+                                f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
+        warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
         procs = {"all": _run_worker([*cmd, "--part", "all"], "all")}
     for part, proc in procs.items():
         if proc.returncode != 0:
@@ -301,12 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
             bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))), args.part)
     except Exception as exc:
-        removed = heal_after(exc, cache)
-        if not removed:
+        if not is_damage_error(exc, cache):
             raise
-        # Not retried here: a fresh process must rebuild, so no half-loaded numba state is reused.
-        print(json.dumps({"healed": damage_message(cache, removed)}))
-        return HEALED_EXIT
+        # Not healed nor retried here: the parent heals once all workers are done (see build_in_child).
+        print(json.dumps({"damaged": f"{type(exc).__name__}: {exc}"}))
+        return DAMAGED_EXIT
     print(json.dumps({"key": key, "manifest": manifest}))
     return 0
 
