@@ -205,11 +205,13 @@ def test_a_replaced_fit_is_read_itself_not_through_its_sidecar(project: Path, se
 
 
 def test_collect_names_every_stale_fit(project: Path, session_cache: Path) -> None:
-    """After a settings change every fit is stale: collect counts and names them instead of mixing."""
+    """After a settings change every fit is stale: collect counts and names them instead of mixing,
+    before it reads and summarises any of them (each fit's summary is cached in summaries/)."""
     config = config_from_dict(settings(project, session_cache, sampler={"draws": 60}))
     message = r"3 of 3 fit\(s\) were made with other settings.*'shop_000', 'shop_001', 'shop_002'"
     with pytest.raises(BatchfitError, match=message):
         run_collect(config)
+    assert not list((project / "results" / "summaries").glob("*.json"))
     report = run_collect(config_from_dict(settings(project, session_cache)))  # the fits' own config
     assert report.n_datasets == 3 and report.n_failed == 0
 

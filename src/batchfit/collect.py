@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import netCDF4
 import numpy as np
@@ -220,7 +220,7 @@ def collect_fits(
                 csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
                 layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
         if stale:
-            _stale_error(stale, fitted, fit_path)
+            raise stale_fits_error(stale, len(fitted), fit_path)
         for name, why in layout.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
         read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
@@ -568,10 +568,10 @@ def _classify(
     return fitted, failed
 
 
-def _stale_error(stale: Sequence[str], fitted: Sequence[str], fit_path: Callable[[str], Path]) -> NoReturn:
-    """Raise for fits that recorded another provenance digest than the current config gives."""
-    raise BatchfitError(
-        f"collect: {len(stale)} of {len(fitted)} fit(s) were made with other settings, another model "
+def stale_fits_error(stale: Sequence[str], n_fits: int, fit_path: Callable[[str], Path]) -> BatchfitError:
+    """The error for fits that recorded another provenance digest than the current config gives."""
+    return BatchfitError(
+        f"collect: {len(stale)} of {n_fits} fit(s) were made with other settings, another model "
         f"file or other data than the current config and files give: {_id_list(stale)} (e.g. "
         f"{fit_path(stale[0])}); not mixing them in. Run the fit stage again (snakemake or "
         "batchfit run): it refits exactly these datasets"

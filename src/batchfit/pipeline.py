@@ -291,10 +291,18 @@ def run_collect(config: Config, *, workers: int = 1) -> Any:
     mixes fits made with other settings, models or data. ``workers``: processes that summarise
     new fits at once.
     """
-    from batchfit.collect import collect
+    from batchfit.collect import collect, stale_fits_error
 
     datasets = discover_datasets(config)
-    return collect(config, list(datasets), expected_provenance=expected_digests(config, datasets), workers=workers)
+    expected = expected_digests(config, datasets)
+    # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
+    # say so before collect reads and summarises each fit only to refuse it (190 s at 10,000
+    # datasets). collect still checks the digest each fit itself recorded.
+    recorded = {d: recorded_digest(config, d) for d in datasets}
+    stale = [d for d, digest in recorded.items() if digest is not None and digest != expected[d]]
+    if stale:
+        raise stale_fits_error(stale, sum(digest is not None for digest in recorded.values()), config.fit_path)
+    return collect(config, list(datasets), expected_provenance=expected, workers=workers)
 
 
 def failure_line(config: Config) -> str | None:
