@@ -504,3 +504,24 @@ def test_per_process_functions_compile_no_c_code(monkeypatch):
     assert free == [(3,), (3,)]
     start = functions.initial_point(functions.free_names, functions.load_values(model))(1)
     assert start.shape == (6,) and np.isfinite(start).all()
+
+
+def test_datasets_on_the_cached_path_are_built_without_creation_tracebacks(data_dir, tmp_path, hierarchical_entry):
+    """PyTensor's per-node stack walk is skipped where a dataset's graph is only read for its data;
+    the reference model, whose graphs are compiled, keeps its tracebacks, and the flag is restored."""
+    import pytensor
+
+    from batchfit.data import load_dataset
+    from batchfit.fit import Fitter, prepare
+    from batchfit.structures import CACHED
+
+    config = make_config(tmp_path / "results", hierarchical_entry, [str(data_dir / "*.csv")])
+    cache, paths, ref = prepare(config)
+    fitter = Fitter(config, ref, cache)
+    assert fitter.reference.path == CACHED
+    limit = pytensor.config.traceback__limit
+    assert limit != 0 and all(rv.tag.trace for rv in ref.model.free_RVs)
+
+    model = fitter.build(load_dataset("d3", paths["d3"], ref.coding))
+    assert model.free_RVs and not any(rv.tag.trace for rv in model.free_RVs)
+    assert pytensor.config.traceback__limit == limit

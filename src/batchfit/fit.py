@@ -188,8 +188,23 @@ class Fitter:
         return f"nutpie's own compile for structure {self.reference.id[:12]} ({self.reference.reason})"
 
     def build(self, dataset: Dataset) -> Any:
-        """Cast ``dataset`` to the reference dtypes and build its model."""
-        return build_model(self.module, model_input(dataset, self.ref))
+        """Cast ``dataset`` to the reference dtypes and build its model.
+
+        When the reference structure samples through cached callbacks, datasets are built without
+        PyTensor's creation tracebacks (``traceback__limit=0``): PyTensor walks the Python stack for
+        every node it creates (``add_tag_trace``), about 40% of building the example model, on the
+        main thread while both cores sample (`benchmarks/throughput.py`: 0.062 -> 0.057-0.059 s a
+        dataset). Those tracebacks only explain errors of a graph PyTensor compiles or runs, and
+        on that path a dataset's graph never is: its data are read into the cached callbacks (a
+        new structure compiles in worker processes that build their own model; only a dataset
+        falling back to nutpie's own compile compiles the graph built here). A sweep whose
+        reference is on nutpie's or pm.sample's own compile keeps them.
+        """
+        import pytensor
+
+        limit = 0 if self.reference.path == CACHED else pytensor.config.traceback__limit
+        with pytensor.config.change_flags(traceback__limit=limit):
+            return build_model(self.module, model_input(dataset, self.ref))
 
     def structure(self, model: Any, dataset: Dataset) -> Structure:
         """The compiled structure for ``model`` (compiled now if this job has not met it)."""
