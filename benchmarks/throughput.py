@@ -141,10 +141,26 @@ def job(args: argparse.Namespace) -> None:
                       "steady_per_s": (len(finished) - 1 - half) / (finished[-1] - finished[half])}))
 
 
+def lanes(n: int, common_args: Any) -> dict[int, dict]:
+    """Run the 1- and 2-thread ``chains: 1`` jobs of ``n`` datasets and print their throughputs."""
+    from common import PY, child_env, run_tracked
+
+    jobs = {threads: run_tracked([PY, __file__, "--job", str(threads), *common_args(n, f"lanes-{threads}")],
+                                 env=child_env()).check().json() for threads in (1, 2)}
+    print(f"\nchains: 1 fit jobs of {n} datasets on the warm cache (1 thread held to one core; "
+          "2 threads = 2 lanes):")
+    for label, fmt in (("steady state (second half)", lambda j: j["steady_per_s"]),
+                       ("whole job (fit_batch)", lambda j: j["n"] / j["wall_s"])):
+        one, two = fmt(jobs[1]), fmt(jobs[2])
+        print(f"  {label:27s} 1 thread {one:5.1f} datasets/s, 2 threads {two:5.1f} datasets/s: {two / one:.2f}x "
+              f"(target >= 1.8: {'met' if two / one >= 1.8 else 'NOT met'})")
+    return jobs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=100)
-    parser.add_argument("--lanes-n", type=int, default=200, help="datasets of each chains: 1 job")
+    parser.add_argument("--lanes-n", type=int, default=200, help="datasets of each chains: 1 job (0: skip them)")
     parser.add_argument("--profile", action="store_true", help="always profile 10 extra datasets")
     for hidden in ("child", "model", "data", "sampler", "cache", "results"):
         parser.add_argument(f"--{hidden}", help=argparse.SUPPRESS)
@@ -205,16 +221,8 @@ def main() -> None:
     print(f"  pure nutpie.sample on the compiled model, one after another:              {pure:.3f} s "
           f"(median {median(res['pure_s']):.3f} s)")
     print(f"  ratio batchfit / pure sampling: {ratio:.2f} (target <= 1.2: {'met' if ratio <= 1.2 else 'NOT met'})")
-    jobs = {threads: run_tracked([PY, __file__, "--job", str(threads), *common_args(args.lanes_n, f"lanes-{threads}")],
-                                 env=child_env()).check().json() for threads in (1, 2)}
-    res["lanes"] = jobs
-    print(f"\nchains: 1 fit jobs of {args.lanes_n} datasets on the warm cache (1 thread held to one core; "
-          "2 threads = 2 lanes):")
-    for label, fmt in (("steady state (second half)", lambda j: j["steady_per_s"]),
-                       ("whole job (fit_batch)", lambda j: j["n"] / j["wall_s"])):
-        one, two = fmt(jobs[1]), fmt(jobs[2])
-        print(f"  {label:27s} 1 thread {one:5.1f} datasets/s, 2 threads {two:5.1f} datasets/s: {two / one:.2f}x "
-              f"(target >= 1.8: {'met' if two / one >= 1.8 else 'NOT met'})")
+    if args.lanes_n:
+        res["lanes"] = lanes(args.lanes_n, common_args)
     rss = {int(k): v for k, v in res["rss"].items()}
     first, last = rss[min(rss)], rss[max(rss)]
     print(f"\nmemory after dataset {min(rss)} -> {max(rss)} (2 chains):")
