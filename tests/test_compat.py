@@ -204,3 +204,27 @@ assert issubclass(type(sys.modules["jax"]), importlib.util._LazyModule), "the pl
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_xarray_netcdf4_encoding_steps():
+    """`compat.netcdf4_encoded`: xarray's ``encode_dataset_coordinates`` and its netCDF4 store's
+    ``encode`` (the steps of ``dump_to_store``) give the variables its writer stores."""
+    import netCDF4
+    import xarray as xr
+    import xarray.conventions
+
+    from batchfit.compat import netcdf4_encoded
+
+    assert callable(getattr(xarray.conventions, "encode_dataset_coordinates", None)), \
+        "xarray.conventions.encode_dataset_coordinates is gone"
+    assert callable(getattr(xr.backends.NetCDF4DataStore, "encode", None)), \
+        "xarray.backends.NetCDF4DataStore.encode is gone"
+    data = xr.Dataset({"flag": ("d", [True, False]), "none": ("d", np.array([None, None], dtype=object)),
+                       "x": ("d", [0.5, np.nan])}, coords={"label": ("d", ["a", "b"])})
+    with netCDF4.Dataset("encoded.nc", "w", diskless=True) as nc:
+        variables, attrs = netcdf4_encoded(data, nc)
+    assert attrs == {}
+    assert (variables["flag"].dtype, variables["flag"].attrs["dtype"]) == (np.int8, "bool")
+    assert variables["none"].dtype == np.float64
+    assert np.isnan(variables["x"].attrs["_FillValue"])
+    assert variables["x"].attrs["coordinates"] == "label"

@@ -29,6 +29,7 @@ __all__ = [
     "is_numba_cache_reader",
     "load_cached_cfunc",
     "nutpie_model",
+    "netcdf4_encoded",
     "nutpie_trace",
     "register_cache_locator",
     "wait_for_sampler_threads",
@@ -110,6 +111,27 @@ def wait_for_sampler_threads(timeout: float = 60.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+# --- xarray: a Dataset encoded as its netCDF4 writer stores it -----------------------------------
+
+def netcdf4_encoded(dataset: Any, nc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``dataset``'s variables and attributes as xarray's netCDF4 writer stores them in ``nc`` (an
+    open ``netCDF4.Dataset``): bools as int8 with a ``dtype`` attribute, floats with
+    ``_FillValue`` NaN, object arrays as text or floats, non-index coordinates named in a
+    ``coordinates`` attribute.
+
+    `batchfit.netcdf_writer` makes the netCDF4 calls itself, so that its files are the ones
+    ``DataTree.to_netcdf(engine="netcdf4")`` writes. ``encode_dataset_coordinates`` (xarray
+    2026.9, ``xarray/conventions.py``) and the store's ``encode`` (``WritableCFDataStore.encode``
+    in ``xarray/backends/common.py``: ``cf_encoder``, then object arrays to text or floats, then
+    the netCDF4 store's own step) are what ``xarray.backends.writers.dump_to_store`` runs; they
+    are not in xarray's API reference.
+    """
+    from xarray.backends import NetCDF4DataStore
+    from xarray.conventions import encode_dataset_coordinates
+
+    return NetCDF4DataStore(nc).encode(*encode_dataset_coordinates(dataset))
 
 
 # --- matplotlib and a lazily loaded JAX -------------------------------------------------------

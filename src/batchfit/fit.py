@@ -40,6 +40,7 @@ from batchfit.modelfile import (
     observed_and_constant_data,
     requirements,
 )
+from batchfit.netcdf_writer import write_datatree
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
 from batchfit.structures import CACHED, NUTPIE, PYMC, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
@@ -404,11 +405,12 @@ def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model
 def write_fit(tree: Any, path: Path) -> None:
     """Write one dataset's DataTree atomically (never a half-written file under the final name).
 
-    The netCDF C library writes a fit's ~30 small variables about 4x faster than h5netcdf;
-    the file is the same NetCDF-4 either way.
+    The netCDF C library writes a fit's ~30 small variables about 4x faster than h5netcdf, and
+    `batchfit.netcdf_writer` calls it without xarray's store around each call; the file is
+    the one ``tree.to_netcdf(engine="netcdf4")`` writes.
     """
     with atomic_path(path) as tmp:
-        tree.to_netcdf(tmp, engine="netcdf4")
+        write_datatree(tree, tmp)
 
 
 def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
