@@ -62,6 +62,9 @@ def test_discover_expands_globs_and_plain_paths_sorted_by_id(cwd: Path) -> None:
     found = discover_datasets(make_config("data/*.csv", "other/a.parquet", "nc/*.nc"))
     assert list(found) == ["a", "store_01", "store_07", "z"]
     assert found["store_07"] == Path("data/store_07.csv")
+    assert dict(found) == {"a": Path("other/a.parquet"), "store_01": Path("data/store_01.csv"),
+                           "store_07": Path("data/store_07.csv"), "z": Path("nc/z.nc")}
+    assert "store_01" in found and "data/store_01.csv" not in found and len(found) == 4
 
 
 def test_discover_accepts_recursive_globs_and_upper_case_suffixes(cwd: Path) -> None:

@@ -67,7 +67,7 @@ class Reference:
     coding: Coding
 
 
-def reference_model(config: Config, paths: dict[str, Path]) -> Reference:
+def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
     """Build the model for the first dataset (by id) that loads and builds.
 
     Every job uses the same reference and the same coding, so all datasets get the same dtypes
@@ -90,7 +90,7 @@ def reference_model(config: Config, paths: dict[str, Path]) -> Reference:
     raise ModelContractError("no dataset could be loaded and built into a model:\n  " + "\n  ".join(errors))
 
 
-def prepare(config: Config) -> tuple[CacheDir, dict[str, Path], Reference]:
+def prepare(config: Config) -> tuple[CacheDir, Mapping[str, Path], Reference]:
     """Open the cache, find datasets and build the reference model."""
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     paths = discover_datasets(config)
@@ -483,7 +483,7 @@ class DatasetFit:
     sampling: Sampling | None = None
 
 
-def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: dict[str, Path], *,
+def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: Mapping[str, Path], *,
                  threads: int) -> Iterator[tuple[int, Outcome]]:
     """Fit the claimed (position, dataset id) pairs one sample at a time; yield (position, Outcome) as each ends.
 
@@ -528,7 +528,7 @@ def after_sampling() -> None:
         log.warning("nutpie's chain threads did not end within a minute after sampling")
 
 
-def _prepare(fitter: Fitter, dataset_id: str, paths: dict[str, Path]) -> DatasetFit | Outcome:
+def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> DatasetFit | Outcome:
     """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
     job = DatasetFit(dataset_id, paths.get(dataset_id))
     try:
