@@ -228,3 +228,22 @@ def test_xarray_netcdf4_encoding_steps():
     assert variables["none"].dtype == np.float64
     assert np.isnan(variables["x"].attrs["_FillValue"])
     assert variables["x"].attrs["coordinates"] == "label"
+
+
+def test_paths_parsed_in_a_batchfit_process_leave_no_interned_strings():
+    """`compat.stop_pathlib_interning`: after ``import batchfit``, parsing 10,000 distinct paths adds
+    no interned strings (CPython 3.12.0-3.12.5 would keep each file name for good: cpython#121780)."""
+    import subprocess
+
+    code = """
+import pathlib, sys
+import batchfit
+if (3, 12) <= sys.version_info[:2] and sys.version_info[:3] < (3, 12, 6):
+    assert isinstance(pathlib.sys, type(sys)) and pathlib.sys.intern("a") == "a", \
+        "pathlib no longer calls sys.intern through its module global sys"
+before = sys.getunicodeinternedsize()
+names = [str(pathlib.Path(f"data/store_{i}.csv")) for i in range(10_000)]
+print(sys.getunicodeinternedsize() - before)
+"""
+    added = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert added < 100, f"{added} strings interned by pathlib stay in memory"

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from batchfit.compat import stop_pathlib_interning
+
 if TYPE_CHECKING:
     from batchfit.results import Results, open_results
 
 __version__ = "0.1.0"
+
+# Every batchfit process (jobs, workers, the Snakefile's) goes through thousands of file names,
+# which CPython 3.12.0-3.12.5 would keep in memory for good (`compat.stop_pathlib_interning`).
+stop_pathlib_interning()
 
 # name -> module that defines it
 _LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook",
