@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,3 +249,50 @@ print(sys.getunicodeinternedsize() - before)
 """
     added = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert added < 100, f"{added} strings interned by pathlib stay in memory"
+
+
+def test_snakemake_leaves_rate_limit_timers_that_the_workflow_ends(tmp_path):
+    """`compat.end_snakemake_rate_timers`: when a run's onsuccess/onerror hooks run, Snakemake's
+    scheduler (``JobScheduler._schedule_reevalutation``) has a non-daemon ``threading.Timer`` left,
+    which the interpreter would wait for; once cancelled, no thread but the main one holds the exit.
+    Checked for a run that succeeds and one that fails."""
+    import subprocess
+
+    (tmp_path / "Snakefile").write_text('''
+import json, threading
+from batchfit.compat import end_snakemake_rate_timers
+
+rule all:
+    input: "a.txt", "b.txt"
+
+rule a:
+    output: "a.txt"
+    shell: "touch {output}"
+
+rule b:
+    input: "a.txt"
+    output: "b.txt"
+    shell: "test {config[fail]} = 0 && touch {output}"
+
+def end(log):
+    ended = end_snakemake_rate_timers()
+    # a cancelled Timer's thread wakes and ends at once; any other non-daemon thread holds the exit
+    holding = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
+               and t.is_alive() and not (isinstance(t, threading.Timer) and t.finished.is_set())]
+    with open("ended.json", "w") as out:
+        json.dump({"ended": ended, "holding": holding}, out)
+
+onsuccess: end(log)
+onerror: end(log)
+''')
+    snakemake = [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--quiet", "all"]
+    for fail, code in ((0, 0), (1, 1)):
+        for name in ("a.txt", "b.txt", "ended.json"):
+            (tmp_path / name).unlink(missing_ok=True)
+        run = subprocess.run([*snakemake, "--config", f"fail={fail}"], cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == code, run.stderr
+        outcome = json.loads((tmp_path / "ended.json").read_text())
+        assert outcome["ended"] >= 1, (
+            "Snakemake's scheduler no longer leaves a threading.Timer from snakemake.scheduling.job_scheduler "
+            "(JobScheduler._schedule_reevalutation) when a run ends: end_snakemake_rate_timers has nothing to do")
+        assert outcome["holding"] == [], f"threads still holding Snakemake's exit: {outcome['holding']}"

@@ -13,6 +13,7 @@ from batchfit.pipeline import (
     sweep_plan,
     write_plan,
 )
+from batchfit.compat import end_snakemake_rate_timers
 from batchfit.sbc import sbc_config, sbc_root, template
 
 
@@ -77,6 +78,24 @@ def record_plan():
 
 onstart:
     record_plan()
+
+
+def end_run():
+    """Let Snakemake exit as soon as a run ends, not a second later (the scheduler's last timer:
+    `batchfit.compat.end_snakemake_rate_timers`).
+
+    A function, so that a project using this workflow as a module can call it from its own
+    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's).
+    """
+    end_snakemake_rate_timers()
+
+
+onsuccess:
+    end_run()
+
+
+onerror:
+    end_run()
 
 
 def batch_datasets(wildcards):
