@@ -4,6 +4,7 @@ import functools
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from batchfit.compat import end_snakemake_rate_timers
 from batchfit.pipeline import (
     compile_stamp_path,
     fit_resources,
@@ -13,7 +14,6 @@ from batchfit.pipeline import (
     sweep_plan,
     write_plan,
 )
-from batchfit.compat import end_snakemake_rate_timers
 from batchfit.sbc import sbc_config, sbc_root, template
 
 
