@@ -85,9 +85,10 @@ def write_config(path: Path, data: dict) -> Path:
     return path
 
 
-def snakemake(workdir: Path, configfile: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, configfile: Path, *args: str, timeout: float = 600,
+              cores: int = 2) -> subprocess.CompletedProcess:
     """Run the real snakemake on the repository's Snakefile in ``workdir``."""
-    command = [*SNAKEMAKE, *args, "--cores", "2", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
+    command = [*SNAKEMAKE, *args, "--cores", str(cores), "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
                "--configfile", str(configfile)]  # last: --configfile would take targets as more files
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout)
 
@@ -271,12 +272,20 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert not (results / "status.ok").exists()
     fitted = mtimes(results / "fits")
 
-    # Run 2: fix c_nan; it is fitted, c_nocol fails again, no good dataset is touched.
+    # Run 2: fix c_nan; it is fitted, c_nocol fails again, no good dataset is touched. On one
+    # core, so the jobs after collect run one at a time: the report's still come before status fails.
     table(2, 40, 4).to_csv(data / "c_nan.csv", index=False)
     before = manifests(results)
-    run = snakemake(tmp_path, config)
+    forest = sorted((results / "plots" / "forest").glob("*.png"))
+    report_files = [results / "plots" / "health.png", *forest,
+                    *(results / "report" / f"{page}.html" for page in ("health", "summary", "failures", "provenance"))]
+    assert forest and all(path.is_file() for path in report_files), report_files  # run 1 (two cores) wrote them
+    for path in report_files:
+        path.unlink()
+    run = snakemake(tmp_path, config, cores=1)
     assert run.returncode != 0
     assert "batchfit: 1 dataset(s) failed (c_nocol)" in output_of(run)
+    assert all(path.is_file() for path in report_files), output_of(run)
     new = {k: v for k, v in manifests(results).items() if k not in before}
     assert [sorted(m["datasets"]) for m in new.values()] == [["c_nan", "c_nocol"]]
     statuses = {d: o["status"] for m in new.values() for d, o in m["datasets"].items()}

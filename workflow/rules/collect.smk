@@ -31,10 +31,13 @@ rule status:
     """
     input:
         rules.collect.output.failures,
-        # The report's files first (workflow/rules/report.smk): a run with failures still gets them.
-        lambda wildcards: REPORT_TARGETS,
     output:
         touch(RESULTS / "status.ok"),
+    # A run with failures still gets its report: the report's jobs (workflow/rules/report.smk)
+    # are ready when this one is, and the lower priority makes Snakemake start them first; once
+    # a job fails it starts no other but lets the running ones finish. So status runs beside
+    # the report, not after it (without the priority, `--cores 1` ran it first and lost the report).
+    priority: -1
     params:
         config_source=CONFIG_SOURCE,
     log:

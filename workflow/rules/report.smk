@@ -1,7 +1,7 @@
 # The sweep's report: `snakemake --report report.html` (or report.zip) after a run shows what
 # these rules write, with the captions in workflow/report/. The plots and pages are also plain
 # files under results_dir/plots/ and results_dir/report/ for anyone without the report.
-# `status`, which fails a run with failed datasets, waits for them (REPORT_TARGETS), so such a
+# `status`, which fails a run with failed datasets, starts after them (its priority), so such a
 # run still has its report.
 report: "../report/workflow.rst"
 
