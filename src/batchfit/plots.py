@@ -269,4 +269,6 @@ def copy_sbc_plots(sources: Sequence[str | Path], sbc_dir: str | Path, out: str 
 def _save(fig: Figure, path: Path) -> None:
     """Write a figure atomically, as every output of a sweep (a `Figure` without pyplot: nothing to close)."""
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
+        # Not bbox_inches="tight": the constrained layout already fits the figure to its
+        # contents, and "tight" draws every figure twice (~0.1 s of the plots rule at 100 datasets).
+        fig.savefig(tmp, dpi=100)
