@@ -130,11 +130,14 @@ def run_tracked(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path 
                 for p in procs:
                     try:
                         rss = p.memory_info().rss
-                        if p.pid not in peaks:
-                            peaks[p.pid] = (" ".join(p.cmdline()), 0)
+                        cmdline = " ".join(p.cmdline())
                     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                         continue
-                    peaks[p.pid] = (peaks[p.pid][0], max(peaks[p.pid][1], rss))
+                    # Read at every poll: a process first seen between fork and exec (Snakemake
+                    # starting a job) still shows its parent's command line; once it has exec'd,
+                    # it is another program, whose peak starts anew.
+                    seen, peak = peaks.get(p.pid, (cmdline, 0))
+                    peaks[p.pid] = (cmdline, max(peak if seen == cmdline else 0, rss))
                     largest = max(largest, rss)
                     total += rss
                 tree = max(tree, total)
