@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from batchfit.collect import SummaryCache
 
 
-def summarise_in_workers(cache: SummaryCache, fits: Sequence[tuple[str, Path]], workers: int) -> list[str]:
+def summarise_in_workers(cache: SummaryCache, fits: Sequence[tuple[str, str | Path]], workers: int) -> list[str]:
     """Write the summary entries of `fits` (dataset id, fit path) in `workers` processes; return the ids written.
 
     A fit a worker could not summarise is not returned; the caller summarises it itself and
