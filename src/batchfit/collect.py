@@ -455,7 +455,7 @@ def stat_columns(summary: SummarySettings) -> list[str]:
 
 
 def summarise_posterior(
-    posterior: xr.Dataset, dataset_id: str, path: Path, summary: SummarySettings | None = None,
+    posterior: xr.Dataset, dataset_id: str, path: str | Path, summary: SummarySettings | None = None,
     names: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """ArviZ's summary of every element of the variables `names` (default all), indexed by label (``a[store_3]``).
@@ -490,7 +490,8 @@ def summarise_posterior(
 
 
 def _selected(
-    posterior: xr.Dataset, settings: HealthThresholds | SummarySettings, key: str, dataset_id: str, path: Path
+    posterior: xr.Dataset, settings: HealthThresholds | SummarySettings, key: str, dataset_id: str,
+    path: str | Path,
 ) -> list[str]:
     """The variables of a fit that the `summary` or `health` settings select.
 
