@@ -519,32 +519,37 @@ def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> N
 
 # --- summarising in worker processes -----------------------------------------------------------------
 
-def test_worker_processes_summarise_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:
-    """With workers, the worker processes write every new fit's summary (this process could not:
-    its own summarising is made to fail) and collect's outputs equal a collect without workers."""
+def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:
+    """With workers, the new fits are shared out between this process and helper processes (some
+    summarised here, the others in helpers), and collect's outputs equal a collect without workers."""
     import batchfit.collect as collect_module
+    import batchfit.summary_workers as summary_workers
 
-    write_fit(sweep, "store 08", 5, seed=8)  # a worker reports ids a line each: a space is part of one
+    write_fit(sweep, "store 08", 5, seed=8)  # a helper reports ids a line each: a space is part of one
     ids = [*IDS, "store 08"]
-    monkeypatch.setattr(collect_module, "MIN_FITS_PER_WORKER", 2)  # a worker per 2 fits, not per 50
+    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 2)  # a process per 2 fits, not per 25
+    here = []
+    compute = collect_module.SummaryCache._compute
 
-    def not_here(self, dataset_id, path):
-        raise AssertionError(f"{dataset_id} was summarised by the collect process, not a worker")
+    def recorded(self, dataset_id, path):
+        here.append(dataset_id)
+        return compute(self, dataset_id, path)
 
-    monkeypatch.setattr(collect_module.SummaryCache, "_compute", not_here)
+    monkeypatch.setattr(collect_module.SummaryCache, "_compute", recorded)
     with caplog.at_level("INFO", logger="batchfit"):
         report = collect(sweep, ids, workers=2)
     assert "summarised 5 fits in 2 processes" in caplog.text
     assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07", "store 08"]
+    assert here == ["store_01", "store_03", "store 08"]  # every other one; the helper wrote the rest
     monkeypatch.undo()
     ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
 
 
-def test_a_fit_no_worker_can_summarise_fails_collect_as_without_workers(sweep: Config, monkeypatch) -> None:
-    import batchfit.collect as collect_module
+def test_a_fit_no_process_can_summarise_fails_collect_as_without_helpers(sweep: Config, monkeypatch) -> None:
+    import batchfit.summary_workers as summary_workers
 
-    monkeypatch.setattr(collect_module, "MIN_FITS_PER_WORKER", 1)
+    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
     sweep.fit_path("store_02").write_bytes(b"not netcdf")
     with pytest.raises(DatasetError, match=r"store_02.*store_02\.nc"):
         collect(sweep, IDS, workers=2)

@@ -216,6 +216,33 @@ def test_collect_names_every_stale_fit(project: Path, session_cache: Path) -> No
     assert report.n_datasets == 3 and report.n_failed == 0
 
 
+def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_cache: Path, monkeypatch,
+                                                         caplog) -> None:
+    """run_collect starts its helper processes before it knows which fits are new: they summarise
+    their share when there are new fits, and exit unused when there are none."""
+    import batchfit.summary_workers as summary_workers
+
+    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    started: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(summary_workers.subprocess, "Popen", Recorded)
+    config = config_from_dict(settings(project, session_cache))
+    with caplog.at_level("INFO", logger="batchfit"):
+        assert run_collect(config, workers=3).summarised_ids == list(IDS)
+    assert "summarised 3 fits in 3 processes" in caplog.text
+    assert len(started) == 2 and [proc.returncode for proc in started] == [0, 0]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="batchfit"):
+        assert run_collect(config, workers=3).summarised_ids == []  # every summary cached: nothing to share
+    assert "processes" not in caplog.text
+    assert len(started) == 4 and [proc.returncode for proc in started[2:]] == [0, 0]
+
+
 def snakemake_dry_run(root: Path, config: dict) -> dict[str, int]:
     """Jobs `snakemake -n` plans for ``config`` in ``root``, by rule."""
     path = root / "sweep.yaml"

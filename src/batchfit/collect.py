@@ -5,11 +5,12 @@ Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure
 posteriors.nc (layout: `batchfit.combined`) to disk, so memory stays flat however many datasets
 the sweep has, and writes every output atomically. Summaries are cached per fit content
 (`SummaryCache`), so adding datasets to a finished sweep summarises only those; given several
-workers, collect summarises the fits in that many processes at once.
+workers, collect shares many new fits out between that many processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import hashlib
@@ -47,7 +48,7 @@ from batchfit.combined import (
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.provenance import file_sha256
-from batchfit.summary_workers import summarise_in_workers
+from batchfit.summary_workers import SummaryHelpers, helpers_for, started
 from batchfit.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars, stack_elements
 
 log = logging.getLogger("batchfit")
@@ -62,11 +63,6 @@ ROW_COLUMNS = ["dataset", "parameter"]
 HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path"]
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
 _MAX_IDS_IN_MESSAGE = 20
-# Fits to summarise per worker process below which collect summarises alone: a worker's start
-# (importing ArviZ, xarray and SciPy, ~3 s while collect waits) costs about what two workers save
-# on 200 summaries at ~29 ms each (at N=100 tiny fits, 2 workers made collect 1 s slower; at N=200
-# they made it 1-2 s faster, 10.9 against 12.2 s).
-MIN_FITS_PER_WORKER = 100
 
 
 class HealthThresholds(Protocol):
@@ -133,13 +129,14 @@ class CollectReport:
 
 def collect(
     config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None,
-    workers: int = 1,
+    workers: int | SummaryHelpers = 1,
 ) -> CollectReport:
     """Collect the sweep's fits using the paths and health thresholds of a `Config`.
 
     ``expected_provenance`` (dataset id -> digest, `batchfit.provenance.expected_digests`) is
     what the current config gives; a fit that recorded another digest is an error (see
-    `collect_fits`). The sweep (`batchfit.pipeline.run_collect`) always passes it.
+    `collect_fits`). The sweep (`batchfit.pipeline.run_collect`) always passes it, and helper
+    processes it started early for ``workers``.
     """
     return collect_fits(
         dataset_ids,
@@ -168,7 +165,7 @@ def collect_fits(
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
     cache_dir: Path | None = None,
-    workers: int = 1,
+    workers: int | SummaryHelpers = 1,
 ) -> CollectReport:
     """Write summary.csv, posteriors.nc and failures.csv for `dataset_ids`.
 
@@ -178,8 +175,9 @@ def collect_fits(
     Incremental: each fit's summary rows, divergences and layout are cached in
     ``cache_dir/{id}.json`` (default ``summaries/`` beside summary.csv), keyed by the fit file's
     sha256 and every setting and code the summary depends on (`summary_key`); only fits without
-    a matching entry are read and summarised (`CollectReport.summarised_ids`), in up to
-    ``workers`` processes at once when there are many (`SummaryCache.fill`). posteriors.nc is
+    a matching entry are read and summarised (`CollectReport.summarised_ids`), shared out between
+    this process and helpers when there are many (``workers``: processes at once, or helpers
+    already started; `SummaryCache.fill`). posteriors.nc is
     rewritten, but a dataset whose fit is unchanged since the previous posteriors.nc of the same
     layout (kept as a hard link in the cache directory) is copied from it block by block instead
     of read from its fit (`CollectReport.posterior_read_ids` lists the others); a fit summarised in
@@ -365,22 +363,32 @@ class SummaryCache:
             pass
         return fit_sha256, key, None
 
-    def fill(self, fits: Sequence[tuple[str, str | Path]], workers: int) -> None:
-        """Summarise the (dataset id, fit) pairs without a valid entry in up to ``workers`` processes
-        (`batchfit.summary_workers`).
+    def fill(self, fits: Sequence[tuple[str, str | Path]], workers: int | SummaryHelpers) -> None:
+        """Summarise the (dataset id, fit) pairs without a valid entry, shared out between this process
+        and helper processes (`batchfit.summary_workers`) when there are many.
 
-        Only worth it with many (`MIN_FITS_PER_WORKER` per process); otherwise, and for a fit a
-        worker could not summarise, `entry` does it in this process, in the sweep's order, and
-        raises its error there as without workers.
+        ``workers``: processes at once (helpers are then started here), or helpers already
+        started. A fit that could not be summarised is left for `entry`, which summarises it
+        again in the sweep's order and raises its error there.
         """
-        if min(workers, len(fits) // MIN_FITS_PER_WORKER) < 2:
-            return
         missing = [(d, fit) for d, fit in fits if self._needs_summary(d, fit)]
-        workers = min(workers, len(missing) // MIN_FITS_PER_WORKER)
-        if workers < 2:
+        if isinstance(workers, SummaryHelpers):
+            self._share(missing, workers)
             return
-        self.summarised += summarise_in_workers(self, missing, workers)
-        log.info("collect: summarised %d fits in %d processes", len(missing), workers)
+        with started(helpers_for(workers, len(missing))) as helpers:
+            self._share(missing, helpers)
+
+    def _share(self, missing: Sequence[tuple[str, str | Path]], helpers: SummaryHelpers) -> None:
+        before = len(self.summarised)
+        written = set(helpers.summarise(self, missing, self._summarise_here))
+        written.update(self.summarised[before:])
+        self.summarised[before:] = [d for d, _ in missing if d in written]  # in the sweep's order
+
+    def _summarise_here(self, fits: Sequence[tuple[str, str | Path]]) -> None:
+        """This process's share of `fill`."""
+        for dataset_id, fit in fits:
+            with contextlib.suppress(Exception):  # `entry` tries again and reports it in the sweep's order
+                self.entry(dataset_id, fit)
 
     def _needs_summary(self, dataset_id: str, fit: str | Path) -> bool:
         try:

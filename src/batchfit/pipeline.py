@@ -291,26 +291,31 @@ def run_collect(config: Config, *, workers: int = 1) -> Any:
     mixes fits made with other settings, models or data. ``workers``: processes that summarise
     new fits at once.
     """
-    from batchfit.collect import collect, stale_fits_error
+    from batchfit import summary_workers
 
-    # Only the ids and digests outlive these lines: collect's peak memory at 10,000 datasets
-    # held each dataset's Path (~7 MB) and recorded digest (~2 MB) to the end.
     datasets = discover_datasets(config)
-    expected = expected_digests(config, datasets)
-    dataset_ids = list(datasets)
-    del datasets
-    # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
-    # say so before collect reads and summarises each fit only to refuse it (190 s at 10,000
-    # datasets). collect still checks the digest each fit itself recorded.
-    stale, n_fits = [], 0
-    for d in dataset_ids:
-        recorded = recorded_digest(config, d)
-        n_fits += recorded is not None
-        if recorded is not None and recorded != expected[d]:
-            stale.append(d)
-    if stale:
-        raise stale_fits_error(stale, n_fits, config.fit_path)
-    return collect(config, dataset_ids, expected_provenance=expected, workers=workers)
+    # The helpers start now, so that their start-up (collect's imports) overlaps this process's
+    # own, and the digests' computing: ready when collect knows which fits are new.
+    with summary_workers.started(summary_workers.helpers_for(workers, len(datasets))) as helpers:
+        from batchfit.collect import collect, stale_fits_error
+
+        # Only the ids and digests outlive these lines: collect's peak memory at 10,000 datasets
+        # held each dataset's Path (~7 MB) and recorded digest (~2 MB) to the end.
+        expected = expected_digests(config, datasets)
+        dataset_ids = list(datasets)
+        del datasets
+        # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
+        # say so before collect reads and summarises each fit only to refuse it (190 s at 10,000
+        # datasets). collect still checks the digest each fit itself recorded.
+        stale, n_fits = [], 0
+        for d in dataset_ids:
+            recorded = recorded_digest(config, d)
+            n_fits += recorded is not None
+            if recorded is not None and recorded != expected[d]:
+                stale.append(d)
+        if stale:
+            raise stale_fits_error(stale, n_fits, config.fit_path)
+        return collect(config, dataset_ids, expected_provenance=expected, workers=helpers)
 
 
 def failure_line(config: Config) -> str | None:
