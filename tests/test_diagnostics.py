@@ -107,3 +107,21 @@ def test_average_ranks_equal_scipy_rankdata(rows: np.ndarray) -> None:
     from scipy import stats
 
     np.testing.assert_array_equal(diagnostics._average_ranks(rows), stats.rankdata(rows, method="average", axis=-1))
+
+
+@pytest.mark.parametrize("size", [4, 7, 400, 4001, 20_000])
+def test_normal_scores_equal_scipy_ndtri(size: int) -> None:
+    """The table of normal scores by half rank equals what arviz_stats computes (``scipy.special.ndtri``)
+    at every rank a row of `size` draws can have, to a few ulp."""
+    from scipy import special
+
+    ranks = np.arange(2, 2 * size + 1) / 2
+    reference = special.ndtri((ranks - 3 / 8) / (size - 2 * 3 / 8 + 1))
+    np.testing.assert_allclose(diagnostics._normal_scores(size), reference, rtol=4e-15, atol=4e-15)
+
+
+def test_fft_lengths_equal_scipy_fftpack() -> None:
+    from scipy.fftpack import next_fast_len
+
+    for n in [*range(1, 5_000), 10**6 + 1, 3 * 10**7 + 7]:
+        assert diagnostics._next_5_smooth(n) == next_fast_len(n), n
