@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -544,6 +545,21 @@ def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monk
     monkeypatch.undo()
     ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
+
+
+def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: Path, monkeypatch) -> None:
+    """A helper that exits at once (here every helper: a "Python" that is /bin/false) writes nothing;
+    collect summarises its share itself and its outputs are those of a collect without helpers."""
+    import batchfit.summary_workers as summary_workers
+
+    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    monkeypatch.setattr(summary_workers.sys, "executable", shutil.which("false"))
+    report = collect(sweep, IDS, workers=3)
+    assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
+    monkeypatch.undo()
+    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, IDS, tmp_path))
+    assert_posteriors_equal_fits(sweep, ["store_01", "store_02", "store_03", "store_07"])
 
 
 def test_a_fit_no_process_can_summarise_fails_collect_as_without_helpers(sweep: Config, monkeypatch) -> None:

@@ -230,6 +230,7 @@ def collect_fits(
     log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
              len(cache.summarised), len(fitted), cache.directory, len(read))
 
+    summarised = set(cache.summarised)  # reported in the sweep's order, whichever process summarised them
     return CollectReport(
         n_ok=sum(status == "ok" for status in statuses.values()),
         n_warning=sum(status == "warning" for status in statuses.values()),
@@ -239,7 +240,7 @@ def collect_fits(
         failures_path=Path(failures_csv_path),
         warning_ids=[d for d, status in statuses.items() if status == "warning"],
         failed_ids=list(failed),
-        summarised_ids=cache.summarised,
+        summarised_ids=[d for d in fitted if d in summarised],
         posterior_read_ids=read,
     )
 
@@ -379,10 +380,7 @@ class SummaryCache:
             self._share(missing, helpers)
 
     def _share(self, missing: Sequence[tuple[str, str | Path]], helpers: SummaryHelpers) -> None:
-        before = len(self.summarised)
-        written = set(helpers.summarise(self, missing, self._summarise_here))
-        written.update(self.summarised[before:])
-        self.summarised[before:] = [d for d, _ in missing if d in written]  # in the sweep's order
+        self.summarised += helpers.summarise(self, missing, self._summarise_here)  # this process's: by `entry`
 
     def _summarise_here(self, fits: Sequence[tuple[str, str | Path]]) -> None:
         """This process's share of `fill`."""
