@@ -51,9 +51,6 @@ class SummaryHelpers:
         self._idle = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE) for _ in range(n)]
 
-    def __len__(self) -> int:
-        return len(self._idle)
-
     def summarise(
         self, cache: SummaryCache, fits: Sequence[tuple[str, str | Path]],
         here: Callable[[Sequence[tuple[str, str | Path]]], None],
