@@ -44,12 +44,13 @@ def helpers_for(workers: int, n_fits: int) -> int:
 class SummaryHelpers:
     """Helper processes, started (and importing) before they are given their parts.
 
-    Use `started`: a helper never given a part gets an empty one when the block ends, and exits.
+    Use `started`: a helper not needed gets an empty part and exits; the block's end waits for it.
     """
 
     def __init__(self, n: int):
         self._idle = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE) for _ in range(n)]
+        self._dismissed: list[subprocess.Popen] = []
 
     def summarise(
         self, cache: SummaryCache, fits: Sequence[tuple[str, str | Path]],
@@ -64,7 +65,7 @@ class SummaryHelpers:
         """
         n = helpers_for(len(self._idle) + 1, len(fits))
         helpers, self._idle = self._idle[:n], self._idle[n:]
-        self.close()  # the others are not needed
+        self._dismiss()  # the others are not needed
         parts = [fits[i::len(helpers) + 1] for i in range(len(helpers) + 1)]
 
         def run(proc: subprocess.Popen, part: Sequence[tuple[str, str | Path]]) -> list[str]:
@@ -80,11 +81,19 @@ class SummaryHelpers:
             log.info("collect: summarised %d fits in %d processes", len(fits), len(helpers) + 1)
         return [d for d, _ in fits if d in written]
 
-    def close(self) -> None:
-        """Give every helper not used an empty part: it exits."""
+    def _dismiss(self) -> None:
+        """Give every helper not used an empty part, without waiting for it: a helper still importing
+        would hold this process up for the rest of its start (up to ~0.85 s)."""
         for proc in self._idle:
-            proc.communicate(b"")
+            proc.stdin.close()  # an empty part: it exits
+        self._dismissed += self._idle
         self._idle = []
+
+    def close(self) -> None:
+        """Dismiss every helper not used, and wait for those dismissed to exit."""
+        self._dismiss()
+        for proc in self._dismissed:
+            proc.wait()
 
 
 @contextmanager
