@@ -75,3 +75,46 @@ def test_the_job_imports_nutpie_while_the_worker_compiles(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "True []", out.stdout
+
+
+@pytest.mark.filterwarnings("ignore:build_model says")
+def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path, monkeypatch):
+    """On two cores run_compile starts one compile worker before it has built the model and its key;
+    on a miss that worker compiles the log density's callback (the longest part) and a second
+    one the rest; on a hit the early worker is killed unused. Every worker has exited when
+    run_compile returns."""
+    import batchfit.compile as compile_module
+    from batchfit.config import config_from_dict
+    from batchfit.pipeline import run_compile
+
+    events: list[tuple[str, subprocess.Popen | None]] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, args, **kwargs):
+            super().__init__(args, **kwargs)
+            if args[-2:] == ["-m", "batchfit.compile"]:
+                events.append(("started", self))
+
+    key, run_worker = compile_module.sampler_key, compile_module._run_worker
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    monkeypatch.setattr(compile_module, "sampler_key", lambda *a: (events.append(("key", None)), key(*a))[1])
+    monkeypatch.setattr(compile_module, "_run_worker",
+                        lambda proc, argv, part: (events.append((part, proc)), run_worker(proc, argv, part))[1])
+    (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="an early worker", centre="0.125"))
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "data" / "d.csv", index=False)
+    config = config_from_dict({"model": str(tmp_path / "model.py"), "datasets": [str(tmp_path / "data" / "*.csv")],
+                               "cache_dir": str(tmp_path / "cache"), "results_dir": str(tmp_path / "results")})
+
+    assert run_compile(config, workers=2)["line"].startswith("cache miss")
+    names = [name for name, _ in events]
+    assert names[:2] == ["started", "key"], names
+    early = events[0][1]
+    assert dict((name, proc) for name, proc in events if name != "started")["logp"] is early
+    assert sorted(names) == ["key", "logp", "rest", "started", "started"], names
+    assert all(proc.returncode == 0 for name, proc in events if name == "started")
+
+    events.clear()
+    assert run_compile(config, workers=2)["line"].startswith("cache hit")
+    assert [name for name, _ in events] == ["started", "key"]
+    assert events[0][1].returncode is not None and events[0][1].returncode < 0  # killed, never given work

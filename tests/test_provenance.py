@@ -219,7 +219,7 @@ def test_collect_names_every_stale_fit(project: Path, session_cache: Path) -> No
 def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_cache: Path, monkeypatch,
                                                          caplog) -> None:
     """run_collect starts its helper processes before it knows which fits are new: they summarise
-    their share when there are new fits, and exit unused when there are none."""
+    their share when there are new fits, and are killed unused when there are none."""
     import batchfit.summary_workers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
@@ -240,7 +240,7 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
     with caplog.at_level("INFO", logger="batchfit"):
         assert run_collect(config, workers=3).summarised_ids == []  # every summary cached: nothing to share
     assert "processes" not in caplog.text
-    assert len(started) == 4 and [proc.returncode for proc in started[2:]] == [0, 0]
+    assert len(started) == 4 and all(proc.returncode is not None for proc in started[2:])  # killed, unused
 
 
 def snakemake_dry_run(root: Path, config: dict) -> dict[str, int]:

@@ -42,6 +42,7 @@ from batchfit.extras import warm_extras
 from batchfit.graphs import SamplerGraphs, compile_sampler_functions, sampler_key
 from batchfit.nopython import record_generic_fallbacks
 from batchfit.sampler import CompiledModel, SamplerFunctions
+from batchfit.standby import Standby
 
 log = logging.getLogger("batchfit")
 
@@ -152,11 +153,12 @@ def load_callbacks(cache: CacheDir, key: str, entry: dict[str, Any]) -> tuple[Wr
 
 
 def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = None,
-                  lock_timeout: float = 600.0, workers: int = 1) -> CompiledModel:
+                  lock_timeout: float = 600.0, workers: int | Standby = 1) -> CompiledModel:
     """Return the compiled callbacks for ``model``, compiling them only if no process did before.
 
     With ``source`` a miss compiles in child processes, two at once if ``workers`` (the cores
-    this job may use) allows (see module docstring); without it, in this process.
+    this job may use, or a `Standby` of workers already starting) allows (see module docstring
+    and `build_in_child`); without it, in this process.
     """
     with _collector_paused():
         graphs = SamplerGraphs.of(model)
@@ -203,39 +205,42 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int = 1) -> dict[str, Any]:
+def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1) -> dict[str, Any]:
     """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
 
-    With two or more ``workers`` one interpreter compiles the log density's callback while
-    another compiles the rest: numba compiles a function on one core, and on two cores that cut
-    a cold compile by about a second. A worker that failed reading a damaged cache file exits
-    with DAMAGED_EXIT; once all have exited this process removes the damage (here, not in the
-    workers: two workers healing at once each see only what the other left, and their warnings
-    named different files) and one worker builds the entry again (in a fresh process, so no
-    half-loaded numba state is reused); the damage is reported in the job's own warnings. The
-    workers' other output goes to our log.
+    ``workers``: how many may compile at once (the job's cores), or a `Standby` of workers
+    started earlier (`batchfit.pipeline.run_compile`). With two or more, one interpreter
+    compiles the log density's callback (the longest part; it takes a worker already started)
+    while another compiles the rest: numba compiles a function on one core, and on two cores
+    that cut a cold compile by about a second. A worker that failed reading a damaged cache
+    file exits with DAMAGED_EXIT; once all have exited this process removes the damage (here,
+    not in the workers: two workers healing at once each see only what the other left, and
+    their warnings named different files) and one worker builds the entry again (in a fresh
+    process, so no half-loaded numba state is reused); the damage is reported in the job's own
+    warnings. The workers' other output goes to our log.
     """
-    cmd = [sys.executable, "-m", "batchfit.compile", "--cache-dir", str(cache.root), "--key", key,
-           "--model-file", str(source.model_file), "--dataset-id", source.dataset_id,
-           "--dataset-path", str(source.dataset_path), "--coding", json.dumps(source.coding),
-           "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
-    parts = ("logp", "rest") if workers >= 2 else ("all",)
+    argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
+            "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
+            "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
+    standby = workers if isinstance(workers, Standby) else Standby(__name__, workers)
+    parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
-        running = {part: pool.submit(_run_worker, [*cmd, "--part", part], part) for part in parts}
-        procs = {part: future.result() for part, future in running.items()}
-    damaged = [part for part, proc in procs.items() if proc.returncode == DAMAGED_EXIT]
+        running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
+                   for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
+        results = {part: future.result() for part, future in running.items()}
+    damaged = [part for part, (code, _, _) in results.items() if code == DAMAGED_EXIT]
     if damaged:
         removed = heal(cache)
         if not removed:
             raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
-                                f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
+                                f"damaged file was found there: {_result(results[damaged[0]])['damaged']}")
         warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
-        procs = {"all": _run_worker([*cmd, "--part", "all"], "all")}
-    for part, proc in procs.items():
-        if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        results = {"all": _run_worker(Standby(__name__, 1).take(1)[0], [*argv, "--part", "all"], "all")}
+    for part, (code, _, err) in results.items():
+        if code != 0:
+            detail = err.strip().splitlines()[-1] if err.strip() else f"exit code {code}"
             raise BatchfitError(f"compiling the model failed in the compile worker ({part}): {detail}")
-    manifests = [_result(proc)["manifest"] for proc in procs.values()]
+    manifests = [_result(result)["manifest"] for result in results.values()]
     if any(manifest != manifests[0] for manifest in manifests):
         raise BatchfitError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
     return manifests[0]
@@ -259,26 +264,41 @@ def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
         thread.join()
 
 
-def _run_worker(cmd: list[str], part: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in proc.stderr.splitlines():
+def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> tuple[int, str, str]:
+    """Give a worker its arguments and wait for it: its exit code, stdout and stderr (logged a line each)."""
+    out, err = proc.communicate(json.dumps(argv).encode())
+    for line in err.decode().splitlines():
         if line.strip():
             log.info("compile worker (%s): %s", part, line)
-    return proc
+    return proc.returncode, out.decode(), err.decode()
 
 
-def _result(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+def _result(result: tuple[int, str, str]) -> dict[str, Any]:
     """The JSON line a worker printed last."""
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(result[1].strip().splitlines()[-1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Compile worker: rebuild a model from its file and one dataset, compile it into the cache."""
+    """Compile worker: rebuild a model from its file and one dataset, compile it into the cache.
+
+    Without ``argv``, a `batchfit.standby` process: it imports what compiling needs, then reads
+    its arguments (a JSON list) from stdin.
+    """
     from batchfit.cache import open_cache
     from batchfit.coding import Coding
     from batchfit.data import load_dataset
     from batchfit.modelfile import build_model, load_model_file
 
+    if argv is None:
+        # What the model file, the graphs and numba's compile import (~0.7 s of the worker's start,
+        # by -X importtime), done while the parent is still computing the key.
+        import pymc  # noqa: F401
+        import pytensor.link.numba.dispatch  # noqa: F401
+
+        work = sys.stdin.read()
+        if not work:  # its parent died before giving it work
+            return 0
+        argv = json.loads(work)
     parser = argparse.ArgumentParser(prog="python -m batchfit.compile")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--key", required=True)

@@ -42,6 +42,7 @@ from batchfit.modelfile import (
 )
 from batchfit.netcdf_writer import write_datatree
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
+from batchfit.standby import Standby
 from batchfit.structures import CACHED, NUTPIE, PYMC, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
@@ -165,10 +166,11 @@ class Sampling:
 class Fitter:
     """Fits datasets of one model file: one compile per structure, then only sampling.
 
-    ``compile_workers``: the processes a compile may run at once (the job's cores).
+    ``compile_workers``: the processes a compile may run at once (the job's cores), or a
+    `batchfit.standby.Standby` of compile workers already starting.
     """
 
-    def __init__(self, config: Config, ref: Reference, cache: CacheDir, *, compile_workers: int = 1):
+    def __init__(self, config: Config, ref: Reference, cache: CacheDir, *, compile_workers: int | Standby = 1):
         self.config = config
         self.ref = ref
         self.module = load_model_file(config.model)

@@ -166,10 +166,17 @@ def run_compile(config: Config, *, workers: int = 1) -> dict[str, Any]:
     own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
     ``workers``: the processes compiling at once (two halves of the entry; more add nothing).
     """
-    from batchfit.fit import Fitter, prepare
+    from batchfit.standby import standing_by
 
-    cache, _, ref = prepare(config)
-    fitter = Fitter(config, ref, cache, compile_workers=workers)
+    # With two cores or more, the worker that compiles the log density's callback (a miss's
+    # longest part) starts now: its imports (~1 s) overlap ours, the data's reading and the
+    # model's key on the core this process leaves idle. Only that one: a second would slow this
+    # process, which a hit (every warm sweep) waits for. On a hit it is killed unused.
+    with standing_by("batchfit.compile", workers, start=1 if workers >= 2 else 0) as compile_workers:
+        from batchfit.fit import Fitter, prepare
+
+        cache, _, ref = prepare(config)
+        fitter = Fitter(config, ref, cache, compile_workers=compile_workers)
     structure = fitter.reference
     return {"key": structure.key, "structure": structure.id, "path": structure.path,
             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,

@@ -32,6 +32,7 @@ from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
 from batchfit.python_mode import python_mode
 from batchfit.sampler import CompiledModel, SamplerFunctions
+from batchfit.standby import Standby
 
 log = logging.getLogger("batchfit")
 
@@ -139,10 +140,11 @@ class Structures:
     A model that bakes its dataset's values in (`batchfit.modelfile.baked_values`) is fitted
     through nutpie's own compile for that dataset alone, as ``pm.sample`` would: one compile per
     dataset, slower, never a failure; it does not count as one of the structures.
-    ``compile_workers``: the processes a compile may run at once (the job's cores).
+    ``compile_workers``: the processes a compile may run at once (the job's cores), or a
+    `batchfit.standby.Standby` of compile workers already starting.
     """
 
-    def __init__(self, config: Config, cache: CacheDir, *, compile_workers: int = 1):
+    def __init__(self, config: Config, cache: CacheDir, *, compile_workers: int | Standby = 1):
         self.config = config
         self.cache = cache
         self.compile_workers = compile_workers

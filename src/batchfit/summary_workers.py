@@ -4,9 +4,7 @@ A fit's summary (reading it and ArviZ's diagnostics: ~15 ms for a tiny fit) depe
 alone, so collect shares new fits out between itself and helper processes, each writing the fits'
 summary cache entries and staged draws (`batchfit.collect.SummaryCache`); collect then finds them
 cached. A helper is ``python -m batchfit.summary_workers`` reading its part on stdin and printing
-each dataset id whose entry it wrote. Plain processes rather than ``multiprocessing``: its spawn
-and forkserver starts run the caller's ``__main__`` file again, which under Snakemake is the rule
-script itself, and a fork of a process running threads may deadlock.
+each dataset id whose entry it wrote (a `batchfit.standby` process).
 
 A helper's start (Python and collect's imports: ~0.85 s, by hand) costs as much as summarising
 ~55 tiny fits, so `batchfit.pipeline.run_collect` starts the helpers before it imports collect
@@ -27,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchfit.standby import Standby, standing_by
+
 if TYPE_CHECKING:
     from batchfit.collect import SummaryCache
 
@@ -42,15 +42,10 @@ def helpers_for(workers: int, n_fits: int) -> int:
 
 
 class SummaryHelpers:
-    """Helper processes, started (and importing) before they are given their parts.
+    """Helper processes, started (and importing) before they are given their parts. Use `started`."""
 
-    Use `started`: a helper not needed gets an empty part and exits; the block's end waits for it.
-    """
-
-    def __init__(self, n: int):
-        self._idle = [subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE) for _ in range(n)]
-        self._dismissed: list[subprocess.Popen] = []
+    def __init__(self, standby: Standby):
+        self._standby = standby
 
     def summarise(
         self, cache: SummaryCache, fits: Sequence[tuple[str, str | Path]],
@@ -63,13 +58,14 @@ class SummaryHelpers:
         reports its error. A helper whose collect dies stops at its next fit (its pipe is gone);
         the entries it wrote serve the next collect.
         """
-        n = helpers_for(len(self._idle) + 1, len(fits))
-        helpers, self._idle = self._idle[:n], self._idle[n:]
-        self._dismiss()  # the others are not needed
+        helpers = self._standby.take(helpers_for(self._standby.waiting + 1, len(fits)))
+        self._standby.dismiss()  # the others are not needed
         parts = [fits[i::len(helpers) + 1] for i in range(len(helpers) + 1)]
 
         def run(proc: subprocess.Popen, part: Sequence[tuple[str, str | Path]]) -> list[str]:
-            out, _ = proc.communicate(pickle.dumps((cache.directory, cache.summary, cache.thresholds, list(part))))
+            out, err = proc.communicate(pickle.dumps((cache.directory, cache.summary, cache.thresholds, list(part))))
+            for line in err.decode().splitlines():
+                log.info("collect helper: %s", line)
             return out.decode().splitlines()  # one id a line: ids may hold spaces
 
         # a thread per helper feeds it and reads its ids while this process summarises its own share
@@ -81,29 +77,12 @@ class SummaryHelpers:
             log.info("collect: summarised %d fits in %d processes", len(fits), len(helpers) + 1)
         return [d for d, _ in fits if d in written]
 
-    def _dismiss(self) -> None:
-        """Give every helper not used an empty part, without waiting for it: a helper still importing
-        would hold this process up for the rest of its start (up to ~0.85 s)."""
-        for proc in self._idle:
-            proc.stdin.close()  # an empty part: it exits
-        self._dismissed += self._idle
-        self._idle = []
-
-    def close(self) -> None:
-        """Dismiss every helper not used, and wait for those dismissed to exit."""
-        self._dismiss()
-        for proc in self._dismissed:
-            proc.wait()
-
 
 @contextmanager
 def started(n: int) -> Iterator[SummaryHelpers]:
-    """`n` helper processes, starting up now; those not given work exit when the block ends."""
-    helpers = SummaryHelpers(n)
-    try:
-        yield helpers
-    finally:
-        helpers.close()
+    """`n` helper processes, starting up now; those not given work are killed when the block ends."""
+    with standing_by(__name__, n, start=n) as standby:
+        yield SummaryHelpers(standby)
 
 
 def main() -> None:
