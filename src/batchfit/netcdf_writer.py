@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from batchfit.compat import netcdf4_encoded
+from batchfit.compat import netcdf4_encoded, netcdf4_put_whole
 
 # Kinds of encoded data written as they are: bool never reaches here (CF stores it as int8).
 _NUMERIC_KINDS = frozenset("iuf")
@@ -102,4 +102,4 @@ def _write_group(target: Any, group: _Group) -> None:
         created.set_auto_maskandscale(False)  # the data are already encoded
         created.setncatts(attrs)
         data = var.values
-        created[...] = data.astype(object) if datatype is str else data
+        netcdf4_put_whole(created, data.astype(object) if datatype is str else data)
