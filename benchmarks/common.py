@@ -104,8 +104,14 @@ class Run:
 
 
 def run_tracked(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-                poll: float = 0.05) -> Run:
-    """Run ``cmd``, polling the RSS of its whole process tree with psutil until it exits."""
+                poll: float = 0.2) -> Run:
+    """Run ``cmd``, polling the RSS of its whole process tree with psutil until it exits.
+
+    Each poll walks /proc (~1 ms of a core) on the cores the run measured uses: every 0.05 s
+    that took 0.25-0.30 s of CPU over a 10 s warm sweep of 100 datasets on 2 cores, every 0.2 s
+    0.08 s (measured side by side, 2026-12-04). The memory goals are for runs whose jobs last
+    many polls; a job shorter than a poll may be missed (reported as not measured).
+    """
     import psutil
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
