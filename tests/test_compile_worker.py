@@ -4,6 +4,7 @@ job's log, and its failure is the job's error with the worker's last words."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,19 +82,21 @@ def test_the_job_imports_nutpie_while_the_worker_compiles(tmp_path):
 def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path, monkeypatch):
     """On two cores run_compile starts one compile worker before it has built the model and its key;
     on a miss that worker compiles the log density's callback (the longest part) and a second
-    one the rest; on a hit the early worker is killed unused. Every worker has exited when
-    run_compile returns."""
+    one the rest; on a hit the early worker is killed unused. Every worker starts with the
+    cache's directories in its environment, and has exited when run_compile returns."""
     import batchfit.compile as compile_module
     from batchfit.config import config_from_dict
     from batchfit.pipeline import run_compile
 
     events: list[tuple[str, subprocess.Popen | None]] = []
+    environments: list[dict[str, str]] = []  # what each worker inherits: the cache's directories
 
     class Recorded(subprocess.Popen):
         def __init__(self, args, **kwargs):
             super().__init__(args, **kwargs)
             if args[-2:] == ["-m", "batchfit.compile"]:
                 events.append(("started", self))
+                environments.append({name: os.environ.get(name, "") for name in ("NUMBA_CACHE_DIR", "PYTENSOR_FLAGS")})
 
     key, run_worker = compile_module.sampler_key, compile_module._run_worker
     monkeypatch.setattr(subprocess, "Popen", Recorded)
@@ -113,6 +116,10 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     assert dict((name, proc) for name, proc in events if name != "started")["logp"] is early
     assert sorted(names) == ["key", "logp", "rest", "started", "started"], names
     assert all(proc.returncode == 0 for name, proc in events if name == "started")
+    cache = tmp_path / "cache"
+    for env in environments:
+        assert env["NUMBA_CACHE_DIR"] == str(cache / "numba"), environments
+        assert f"base_compiledir={cache / 'pytensor'}" in env["PYTENSOR_FLAGS"], environments
 
     events.clear()
     assert run_compile(config, workers=2)["line"].startswith("cache hit")

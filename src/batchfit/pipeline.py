@@ -166,8 +166,12 @@ def run_compile(config: Config, *, workers: int = 1) -> dict[str, Any]:
     own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
     ``workers``: the processes compiling at once (two halves of the entry; more add nothing).
     """
+    from batchfit.cache import open_cache
     from batchfit.standby import standing_by
 
+    # Opening the cache sets the environment a compile worker must start with (PyTensor's and
+    # numba's cache directories; the CPU target was set with the config): before the early one.
+    open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     # With two cores or more, the worker that compiles the log density's callback (a miss's
     # longest part) starts now: its imports (~1 s) overlap ours, the data's reading and the
     # model's key on the core this process leaves idle. Only that one: a second would slow this
