@@ -227,20 +227,20 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
                    for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
-        results = {part: future.result() for part, future in running.items()}
-    damaged = [part for part, (code, _, _) in results.items() if code == DAMAGED_EXIT]
+        procs = {part: future.result() for part, future in running.items()}
+    damaged = [part for part, proc in procs.items() if proc.returncode == DAMAGED_EXIT]
     if damaged:
         removed = heal(cache)
         if not removed:
             raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
-                                f"damaged file was found there: {_result(results[damaged[0]])['damaged']}")
+                                f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
         warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
-        results = {"all": _run_worker(Standby(__name__, 1).take(1)[0], [*argv, "--part", "all"], "all")}
-    for part, (code, _, err) in results.items():
-        if code != 0:
-            detail = err.strip().splitlines()[-1] if err.strip() else f"exit code {code}"
+        procs = {"all": _run_worker(Standby(__name__, 1).take(1)[0], [*argv, "--part", "all"], "all")}
+    for part, proc in procs.items():
+        if proc.returncode != 0:
+            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
             raise BatchfitError(f"compiling the model failed in the compile worker ({part}): {detail}")
-    manifests = [_result(result)["manifest"] for result in results.values()]
+    manifests = [_result(proc)["manifest"] for proc in procs.values()]
     if any(manifest != manifests[0] for manifest in manifests):
         raise BatchfitError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
     return manifests[0]
@@ -264,18 +264,19 @@ def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
         thread.join()
 
 
-def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> tuple[int, str, str]:
-    """Give a worker its arguments and wait for it: its exit code, stdout and stderr (logged a line each)."""
+def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> subprocess.CompletedProcess:
+    """Give a started worker its arguments and wait for it; its stderr goes to our log a line each."""
     out, err = proc.communicate(json.dumps(argv).encode())
-    for line in err.decode().splitlines():
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+    for line in done.stderr.splitlines():
         if line.strip():
             log.info("compile worker (%s): %s", part, line)
-    return proc.returncode, out.decode(), err.decode()
+    return done
 
 
-def _result(result: tuple[int, str, str]) -> dict[str, Any]:
+def _result(proc: subprocess.CompletedProcess) -> dict[str, Any]:
     """The JSON line a worker printed last."""
-    return json.loads(result[1].strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
