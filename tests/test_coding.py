@@ -241,3 +241,43 @@ def test_fit_fails_the_typo_before_sampling_and_stores_labels_with_codes(poisson
         assert [labels[c] for c in constant["sex"].values] == ["M", "M"]  # "M" keeps M's sweep-wide code
         assert tree["posterior"].ds["sexes"].values.tolist() == ["F", "M"]
         assert tree["observed_data"].ds["obs"].values.tolist() == [4, 5]
+
+
+def test_a_planned_sweep_writes_its_registry_and_digests_when_its_run_starts(tmp_path: Path, monkeypatch) -> None:
+    """Planned before its results directory exists, a sweep writes nothing; its run's start (write_plan)
+    writes the coding registry and data digests planning computed, the files a job writes itself,
+    and the next job scans and hashes no data file again."""
+    import os
+    import shutil
+
+    import batchfit.coding as coding_module
+    import batchfit.provenance as provenance
+    from batchfit.data import discover_datasets
+    from batchfit.pipeline import plan, write_plan
+
+    write(tmp_path / "data", {"s1": "sex,y\nM,1\n", "s2": "sex,y\nF,2\nM,3\n"})
+    for path in (tmp_path / "data").iterdir():  # older than a racy write: their digests are kept
+        os.utime(path, (1e9, 1e9))
+    (tmp_path / "m.py").write_text("def build_model(data):\n    pass\n")
+    config = sweep(tmp_path, model=str(tmp_path / "m.py"), started=False)
+    results = tmp_path / "results"
+    names = (coding_module.REGISTRY_NAME, provenance.DIGEST_CACHE_NAME)
+
+    write_plan(config, plan(config, cores=2))
+    planned = {name: json.loads((results / name).read_text()) for name in names}
+    shutil.rmtree(results)
+    results.mkdir()
+    provenance.expected_digests(config, discover_datasets(config))  # what a job computes and records
+    assert {name: json.loads((results / name).read_text()) for name in names} == planned
+
+    def not_again(*args):
+        raise AssertionError(f"a data file was read again: {args}")
+
+    hash_file = provenance.file_sha256
+    monkeypatch.setattr(coding_module, "_scan", not_again)
+    monkeypatch.setattr(provenance, "file_sha256",
+                        lambda path: (not_again if Path(path).parent.name == "data" else hash_file)(path))
+    for name, content in planned.items():
+        (results / name).write_text(json.dumps(content))
+    assert sweep_coding(config).labels["sex"].levels == ("F", "M")
+    provenance.expected_digests(config, discover_datasets(config))

@@ -22,11 +22,12 @@ non-numeric value instead of turning the column into codes.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,11 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
 
     Scans new or changed files, appends their new labels to the registry (written atomically
     under a lock) and returns the coding every job of the sweep agrees on. Before the sweep's
-    results directory exists (a dry run of a new sweep), or with ``record`` false (`batchfit
-    status`, which only reads), nothing is written: the coding is then computed from the
-    registry and the data, as the next job will compute and record it.
+    results directory exists (a sweep being planned, or a dry run of it), or with ``record`` false
+    (`batchfit status`, which only reads), nothing is written: the coding is then computed from
+    the registry and the data, as the next job will compute and record it (or `write_planned`,
+    when the run starts).
     """
-    from filelock import FileLock, Timeout
-
     from batchfit.data import discover_datasets
 
     paths = discover_datasets(config) if paths is None else paths
@@ -116,18 +116,61 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
     if not record or not path.parent.is_dir():
         registry = _read_registry(path)
         _update(registry, config, paths)
+        if record:
+            _planned[path] = registry
         return _coding(registry, config, paths)
+    with _locked(config, path):
+        registry = _read_registry(path)
+        if _update(registry, config, paths):
+            _write_registry(path, registry)
+    return _coding(registry, config, paths)
+
+
+# Registries computed for sweeps whose results directory did not exist yet, by path: what
+# `write_planned` writes once a run has made the directory.
+_planned: dict[Path, dict[str, Any]] = {}
+
+
+def write_planned(config: Config) -> bool:
+    """Write the registry this process computed for `config` while its results directory did not exist.
+
+    A new sweep's plan (Snakemake's main process, before the run makes the directory) scans
+    every data file; written at the run's start (`batchfit.pipeline.write_plan`), it spares the
+    first fit job the same scan, which the other jobs waited for behind the registry's lock.
+    Not over a registry some process wrote meanwhile (the jobs update that one as always).
+    True if it was written.
+    """
+    path = registry_path(config)
+    registry = _planned.pop(path, None)
+    if registry is None or not path.parent.is_dir():
+        return False
+    with _locked(config, path):
+        if path.exists():
+            return False
+        _write_registry(path, registry)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(config: Config, path: Path) -> Iterator[None]:
+    """Hold the registry's file lock, or say which lock a stuck job holds."""
+    from filelock import FileLock, Timeout
+
     lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=config.cache.lock_timeout)
     try:
-        with lock:
-            registry = _read_registry(path)
-            if _update(registry, config, paths):
-                with atomic_path(path) as tmp:
-                    tmp.write_text(json.dumps(registry, indent=1, sort_keys=True))
+        lock.acquire()
     except Timeout:
         raise BatchfitError(f"another process held the lock {lock.lock_file} for more than "
                             f"{config.cache.lock_timeout} s (cache.lock_timeout); is a job stuck?") from None
-    return _coding(registry, config, paths)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_registry(path: Path, registry: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(registry, indent=1, sort_keys=True))
 
 
 def _read_registry(path: Path) -> dict[str, Any]:

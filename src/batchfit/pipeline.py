@@ -24,7 +24,7 @@ from batchfit.cputarget import apply_cpu_target
 from batchfit.data import DatasetFiles, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.lanes import lane_count
-from batchfit.provenance import expected_digests, recorded_digest
+from batchfit.provenance import expected_digests, recorded_digest, write_planned
 
 log = logging.getLogger("batchfit")
 
@@ -124,9 +124,11 @@ def plan_path(config: Config) -> Path:
 
 
 def write_plan(config: Config, sweep: Plan) -> None:
-    """Record the plan a sweep runs with (its main process does, once its jobs are decided)."""
+    """Record the plan a sweep runs with (its main process does, once its jobs are decided), with
+    what planning it computed before the results directory existed (`provenance.write_planned`)."""
     write_json(plan_path(config), {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
                                    "batches": sweep.batches})
+    write_planned(config)
 
 
 def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
