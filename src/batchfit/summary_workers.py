@@ -90,7 +90,7 @@ def main() -> None:
     from batchfit.collect import SummaryCache
 
     spec = sys.stdin.buffer.read()
-    if not spec:  # not needed after all
+    if not spec:  # collect died before giving it work
         return
     directory, summary, thresholds, fits = pickle.loads(spec)
     cache = SummaryCache(directory, summary, thresholds)
