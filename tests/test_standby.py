@@ -44,3 +44,16 @@ def test_a_block_that_raises_still_kills_its_processes() -> None:
     except RuntimeError:
         pass
     assert len(procs) == 2 and all(proc.returncode is not None for proc in procs)
+
+
+def test_finish_returns_the_output_and_logs_each_line_of_stderr(caplog) -> None:
+    from batchfit.standby import finish
+
+    with standing_by("json.tool", limit=2, start=2) as standby:
+        good, bad = standby.take(2)
+        with caplog.at_level("INFO", logger="batchfit"):
+            assert json.loads(finish(good, b'{"a": 1}', "tool").stdout) == {"a": 1}
+            failed = finish(bad, b"{not json", "tool")
+    assert failed.returncode != 0 and failed.stderr.strip()
+    assert [r.getMessage() for r in caplog.records] == [f"tool: {line}" for line in failed.stderr.splitlines()
+                                                      if line.strip()]

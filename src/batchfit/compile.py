@@ -42,7 +42,7 @@ from batchfit.extras import warm_extras
 from batchfit.graphs import SamplerGraphs, compile_sampler_functions, sampler_key
 from batchfit.nopython import record_generic_fallbacks
 from batchfit.sampler import CompiledModel, SamplerFunctions
-from batchfit.standby import Standby
+from batchfit.standby import Standby, finish
 
 log = logging.getLogger("batchfit")
 
@@ -265,13 +265,8 @@ def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
 
 
 def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> subprocess.CompletedProcess:
-    """Give a started worker its arguments and wait for it; its stderr goes to our log a line each."""
-    out, err = proc.communicate(json.dumps(argv).encode())
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
-    for line in done.stderr.splitlines():
-        if line.strip():
-            log.info("compile worker (%s): %s", part, line)
-    return done
+    """Give a started worker its arguments and wait for it."""
+    return finish(proc, json.dumps(argv).encode(), f"compile worker ({part})")
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict[str, Any]:

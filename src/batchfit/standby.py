@@ -14,10 +14,13 @@ running threads may deadlock.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("batchfit")
 
 
 class Standby:
@@ -42,7 +45,7 @@ class Standby:
     def take(self, n: int) -> list[subprocess.Popen]:
         """``n`` processes (at most ``limit``) for the caller to give work: those waiting first, then new ones.
 
-        The caller owns them: it writes their work to stdin and waits for them (``communicate``).
+        The caller owns them: it gives each its work and waits for it (`finish`).
         """
         n = min(n, self.limit)
         taken, self._idle = self._idle[:n], self._idle[n:]
@@ -70,3 +73,17 @@ def standing_by(module: str, limit: int, start: int = 0) -> Iterator[Standby]:
         yield standby
     finally:
         standby.close()
+
+
+def finish(proc: subprocess.Popen, work: bytes, name: str) -> subprocess.CompletedProcess:
+    """Give ``proc`` (taken from a `Standby`) its ``work`` and wait for it to exit.
+
+    Its stdout is returned; each line of its stderr (warnings, log lines, a traceback) goes to
+    our log, after ``name``.
+    """
+    out, err = proc.communicate(work)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+    for line in done.stderr.splitlines():
+        if line.strip():
+            log.info("%s: %s", name, line)
+    return done

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchfit.standby import Standby, standing_by
+from batchfit.standby import Standby, finish, standing_by
 
 if TYPE_CHECKING:
     from batchfit.collect import SummaryCache
@@ -63,10 +63,8 @@ class SummaryHelpers:
         parts = [fits[i::len(helpers) + 1] for i in range(len(helpers) + 1)]
 
         def run(proc: subprocess.Popen, part: Sequence[tuple[str, str | Path]]) -> list[str]:
-            out, err = proc.communicate(pickle.dumps((cache.directory, cache.summary, cache.thresholds, list(part))))
-            for line in err.decode().splitlines():
-                log.info("collect helper: %s", line)
-            return out.decode().splitlines()  # one id a line: ids may hold spaces
+            spec = pickle.dumps((cache.directory, cache.summary, cache.thresholds, list(part)))
+            return finish(proc, spec, "collect helper").stdout.splitlines()  # one id a line: ids may hold spaces
 
         # a thread per helper feeds it and reads its ids while this process summarises its own share
         with ThreadPoolExecutor(max(1, len(helpers))) as pool:
