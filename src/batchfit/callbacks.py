@@ -71,13 +71,17 @@ class WrapperSpec:
         return cls(*(tuple(Slot(**s) for s in data[k]) for k in ("logp", "expand")))
 
 
-def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[list[str], str]:
-    """Source lines turning record entries into arrays, and the argument list for the inner call.
+def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[str, list[str], str]:
+    """The record's check, the source lines turning its entries into arrays, and the inner call's arguments.
 
     A parameter is a reshaped view of its stretch of ``x`` (a copy in its own dtype if that is
-    not float64); a data input is an array at the recorded address.
+    not float64); a data input is an array at the recorded address. The check (a condition
+    that holds when every parameter's stretch lies within ``x``, ``n`` long, and its shape
+    has no negative length) is what makes those lines unable to raise: a reshape raises
+    only when the stretch's length differs from its shape's size. Its terms are joined with
+    ``&``, not ``and``: numba compiles each ``and`` as a branch of its own (~0.1 s in all).
     """
-    lines = []
+    lines, bounds = [], []
     for i, slot in enumerate(slots):
         pos = offsets[slot]
         dims = [f"rec[{pos + 1 + d}]" for d in range(slot.ndim)]
@@ -85,53 +89,60 @@ def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[list[s
         if slot.kind == "param":
             size = " * ".join(dims) or "1"
             cast = "" if slot.dtype == "float64" else f".astype({np.dtype(slot.dtype).name}_)"
-            lines.append(f"        a{i} = x[rec[{pos}]:rec[{pos}] + {size}]{cast}.reshape({shape})")
+            bounds += [f"rec[{pos}] >= 0", *(f"{d} >= 0" for d in dims), f"rec[{pos}] + {size} <= n"]
+            lines.append(f"    a{i} = x[rec[{pos}]:rec[{pos}] + {size}]{cast}.reshape({shape})")
         else:
-            lines.append(f"        a{i} = carray(as_ptr(rec[{pos}]), {shape}, {np.dtype(slot.dtype).name}_)")
-    return lines, ", ".join(f"a{i}" for i in range(len(slots)))
+            lines.append(f"    a{i} = carray(as_ptr(rec[{pos}]), {shape}, {np.dtype(slot.dtype).name}_)")
+    return " & ".join(f"({b})" for b in bounds) or "True", lines, ", ".join(f"a{i}" for i in range(len(slots)))
 
 
 def wrapper_source(spec: WrapperSpec, kind: str) -> str:
     """Python source of the logp or expand callback for nutpie's C interface.
 
-    Results are copied element by element after a length check, not by slice assignment
-    (``out[:] = grad``): numba compiles a slice assignment's shape-mismatch error, whose message
-    it formats at run time, and compiling that string formatting took ~3 s of every cold compile.
-    For the same reason the gradient is checked with ``math.isfinite`` while it is copied, not
-    with ``np.all(np.isfinite(out))``, an array ufunc and a reduction numba compiles anew in every
-    process (~0.2 s of a cold compile).
+    Only the call of the compiled PyTensor function is in a ``try`` block (its errors, such as
+    a failed shape check, are a rejected point, not a crash). numba compiles every call inside
+    a ``try`` with its own exception paths: with the whole body inside, the logp callback's
+    compile took ~0.85 s longer (about a sixth of a cold compile). Nothing outside the block
+    may raise, though: a numba cfunc that raises prints the error and returns 0, which nutpie
+    takes for success. So the record is checked first (`_slot_reads`; a record that fails it
+    is batchfit's bug, reported as a non-recoverable error like a wrong dimension), and the
+    results are copied element by element after a length check, not by slice assignment
+    (``out[:] = grad``), which can raise (and numba compiles its message's formatting at run
+    time: ~3 s of every cold compile). For the same reason the gradient is checked with
+    ``math.isfinite`` while it is copied, not with ``np.all(np.isfinite(out))``, an array ufunc
+    and a reduction numba compiles anew in every process (~0.2 s of a cold compile).
     """
     offsets = spec.offsets()
-    reads, args = _slot_reads(getattr(spec, kind), offsets)
+    valid, reads, args = _slot_reads(getattr(spec, kind), offsets)
     size = spec.record_length()
     if kind == "logp":
         head = [
             "def batchfit_logp(dim, x_, out_, logp_, rec_):",
             f"    rec = carray(rec_, ({size},), int64_)",
             "    n = rec[0]",
-            "    if dim != n:",
+            f"    if dim != n or not ({valid}):",
             "        return -1",
-            "    try:",
-            "        x = carray(x_, (n,))",
-            "        out = carray(out_, (n,))",
-            "        logp = carray(logp_, ())",
+            "    x = carray(x_, (n,))",
+            "    out = carray(out_, (n,))",
+            "    logp = carray(logp_, ())",
         ]
         tail = [
+            "    try:",
             f"        value, grad = inner({args})",
-            "        if grad.shape[0] != n:",
-            "            return 1",
-            "        logp[()] = value",
-            "        finite = True",
-            "        for i in range(n):",
-            "            g = grad[i]",
-            "            out[i] = g",
-            "            finite = finite and isfinite(g)",
-            "        if not isfinite(logp[()]):",
-            "            return 4",
-            "        if not finite:",
-            "            return 3",
             "    except Exception:",
             "        return 1",
+            "    if grad.shape[0] != n:",
+            "        return 1",
+            "    logp[()] = value",
+            "    finite = True",
+            "    for i in range(n):",
+            "        g = grad[i]",
+            "        out[i] = g",
+            "        finite = finite and isfinite(g)",
+            "    if not isfinite(logp[()]):",
+            "        return 4",
+            "    if not finite:",
+            "        return 3",
             "    return 0",
         ]
     else:
@@ -140,20 +151,20 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
             f"    rec = carray(rec_, ({size},), int64_)",
             "    n = rec[0]",
             "    m = rec[1]",
-            "    if dim != n or expanded != m:",
+            f"    if dim != n or expanded != m or not ({valid}):",
             "        return -1",
-            "    try:",
-            "        x = carray(x_, (n,))",
-            "        out = carray(out_, (m,))",
+            "    x = carray(x_, (n,))",
+            "    out = carray(out_, (m,))",
         ]
         tail = [
+            "    try:",
             f"        (values,) = inner({args})",
-            "        if values.shape[0] != m:",
-            "            return -2",
-            "        for i in range(m):",
-            "            out[i] = values[i]",
             "    except Exception:",
             "        return -2",
+            "    if values.shape[0] != m:",
+            "        return -2",
+            "    for i in range(m):",
+            "        out[i] = values[i]",
             "    return 0",
         ]
     return "\n".join([*head, *reads, *tail]) + "\n"
