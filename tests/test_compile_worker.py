@@ -78,25 +78,49 @@ def test_the_job_imports_nutpie_while_the_worker_compiles(tmp_path):
     assert out.stdout.split("\n")[-2] == "True []", out.stdout
 
 
+def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_started(tmp_path):
+    """The rule script starts a compile worker before reading its config, whose CPU target
+    (generic here; the worker started with numba's default, the host's) numba reads once, on
+    import: the worker imports numba only once told it. Were it the host's, the worker's key
+    would differ from the job's and the compile fail."""
+    (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="a generic target", centre="0.25"))
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "data" / "d.csv", index=False)
+    config = {"model": str(tmp_path / "model.py"), "datasets": [str(tmp_path / "data" / "*.csv")],
+              "cache_dir": str(tmp_path / "cache"), "results_dir": str(tmp_path / "results"),
+              "cache": {"cpu_target": "generic"}}
+    job = textwrap.dedent(f"""\
+        from batchfit.standby import compile_workers
+
+        with compile_workers(2) as workers:
+            from batchfit.pipeline import run_compile, snakemake_config
+
+            print(run_compile(snakemake_config({config!r}, "the test"), workers=workers)["line"])
+    """)
+    env = {name: value for name, value in os.environ.items() if name != "NUMBA_CPU_NAME"}
+    out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("cache miss"), out.stdout
+
+
 @pytest.mark.filterwarnings("ignore:build_model says")
 def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path, monkeypatch):
-    """On two cores run_compile starts one compile worker before it has built the model and its key;
-    on a miss that worker compiles the log density's callback (the longest part) and a second
-    one the rest; on a hit the early worker is killed unused. Every worker starts with the
-    cache's directories in its environment, and has exited when run_compile returns."""
+    """On two cores the compile job starts one compile worker before it has read its config, built
+    the model and its key; on a miss that worker compiles the log density's callback (the
+    longest part) and a second one the rest; on a hit the early worker is killed unused. Every
+    worker has exited when the job ends."""
     import batchfit.compile as compile_module
     from batchfit.config import config_from_dict
     from batchfit.pipeline import run_compile
+    from batchfit.standby import compile_workers
 
     events: list[tuple[str, subprocess.Popen | None]] = []
-    environments: list[dict[str, str]] = []  # what each worker inherits: the cache's directories
 
     class Recorded(subprocess.Popen):
         def __init__(self, args, **kwargs):
             super().__init__(args, **kwargs)
             if args[-2:] == ["-m", "batchfit.compile"]:
                 events.append(("started", self))
-                environments.append({name: os.environ.get(name, "") for name in ("NUMBA_CACHE_DIR", "PYTENSOR_FLAGS")})
 
     key, run_worker = compile_module.sampler_key, compile_module._run_worker
     monkeypatch.setattr(subprocess, "Popen", Recorded)
@@ -106,22 +130,20 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="an early worker", centre="0.125"))
     (tmp_path / "data").mkdir()
     pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "data" / "d.csv", index=False)
-    config = config_from_dict({"model": str(tmp_path / "model.py"), "datasets": [str(tmp_path / "data" / "*.csv")],
-                               "cache_dir": str(tmp_path / "cache"), "results_dir": str(tmp_path / "results")})
-
-    assert run_compile(config, workers=2)["line"].startswith("cache miss")
+    cache = tmp_path / "cache"
+    with compile_workers(2) as workers:  # as the rule script does, before reading the config
+        config = config_from_dict({"model": str(tmp_path / "model.py"), "datasets": [str(tmp_path / "data" / "*.csv")],
+                                   "cache_dir": str(cache), "results_dir": str(tmp_path / "results")})
+        assert run_compile(config, workers=workers)["line"].startswith("cache miss")
     names = [name for name, _ in events]
     assert names[:2] == ["started", "key"], names
     early = events[0][1]
     assert dict((name, proc) for name, proc in events if name != "started")["logp"] is early
     assert sorted(names) == ["key", "logp", "rest", "started", "started"], names
     assert all(proc.returncode == 0 for name, proc in events if name == "started")
-    cache = tmp_path / "cache"
-    for env in environments:
-        assert env["NUMBA_CACHE_DIR"] == str(cache / "numba"), environments
-        assert f"base_compiledir={cache / 'pytensor'}" in env["PYTENSOR_FLAGS"], environments
 
     events.clear()
-    assert run_compile(config, workers=2)["line"].startswith("cache hit")
+    with compile_workers(2) as workers:
+        assert run_compile(config, workers=workers)["line"].startswith("cache hit")
     assert [name for name, _ in events] == ["started", "key"]
     assert events[0][1].returncode is not None and events[0][1].returncode < 0  # killed, never given work

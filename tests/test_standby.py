@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from batchfit.standby import standing_by
 
 
@@ -22,6 +24,19 @@ def test_take_gives_the_waiting_processes_first_then_new_ones_up_to_the_limit() 
         assert taken[0] is waiting[1] and len(taken) == 3 and standby.waiting == 0
         assert len({proc.pid for proc in [first, *taken]}) == 4
         assert all(works(proc, n) for n, proc in enumerate(taken, start=1))
+
+
+def test_an_announced_line_reaches_every_process_before_its_work() -> None:
+    # json.tool reads all of stdin as one document: the line and the work make one, in that order
+    with standing_by("json.tool", limit=2, start=1) as standby:
+        standby.announce('["told first",')
+        standby.announce('["told first",')  # the same again: nothing more is written
+        [waiting, later] = standby.take(2)  # one started before the line, one after
+        for proc in (waiting, later):
+            out, _ = proc.communicate(b'"then its work"]')
+            assert json.loads(out) == ["told first", "then its work"]
+        with pytest.raises(ValueError, match="already told"):
+            standby.announce('["something else",')
 
 
 def test_processes_not_taken_are_killed_and_reaped() -> None:

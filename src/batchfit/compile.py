@@ -21,6 +21,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -51,6 +52,17 @@ NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
 # Exit code of a compile worker that failed reading a damaged cache file: the parent heals the
 # cache (one process, once every worker has exited) and builds the entry again.
 DAMAGED_EXIT = 3
+
+# What numba and PyTensor read once, when imported: the cache's directories (`open_cache`) and
+# numba's CPU target (`batchfit.cputarget`). A compile worker may start before its parent has
+# set them, so it imports those libraries only once told them (`worker_environment`).
+WORKER_ENVIRONMENT = ("PYTENSOR_FLAGS", "NUMBA_CACHE_DIR", "NUMBA_CPU_NAME")
+
+
+def worker_environment() -> str:
+    """The line a compile worker reads before importing numba and PyTensor: this process's values
+    of WORKER_ENVIRONMENT (null: unset), as JSON."""
+    return json.dumps({name: os.environ.get(name) for name in WORKER_ENVIRONMENT}, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,7 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
             "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
             "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
     standby = workers if isinstance(workers, Standby) else Standby(__name__, workers)
+    standby.announce(worker_environment())
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
@@ -235,7 +248,9 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
             raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
                                 f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
         warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
-        procs = {"all": _run_worker(Standby(__name__, 1).take(1)[0], [*argv, "--part", "all"], "all")}
+        again = Standby(__name__, 1)
+        again.announce(worker_environment())
+        procs = {"all": _run_worker(again.take(1)[0], [*argv, "--part", "all"], "all")}
     for part, proc in procs.items():
         if proc.returncode != 0:
             detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
@@ -274,11 +289,40 @@ def _result(proc: subprocess.CompletedProcess) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _standby_start() -> list[str] | None:
+    """A `batchfit.standby` worker's imports, then its arguments (None if its parent sent none).
+
+    What the model file, the graphs and numba's compile import (~1.2 s of the worker's start),
+    done while the parent is still importing, reading the data and computing the key. First
+    xarray, pandas and SciPy's sparse arrays (~0.5 s), which read none of WORKER_ENVIRONMENT:
+    the compile job starts this process before it has read its config. Then, once its parent
+    has said what they are (one line, `worker_environment`), numba and PyTensor.
+    """
+    import scipy.sparse  # noqa: F401
+    import xarray  # noqa: F401
+
+    early = {"numba", "pytensor"} & sys.modules.keys()
+    if early:  # a library's new import: they would ignore the parent's environment
+        raise RuntimeError(f"the compile worker imported {sorted(early)} before its environment")
+    environment = sys.stdin.readline()
+    if not environment:
+        return None
+    for name, value in json.loads(environment).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    import pymc  # noqa: F401
+    import pytensor.link.numba.dispatch  # noqa: F401
+
+    work = sys.stdin.read()
+    return json.loads(work) if work else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Compile worker: rebuild a model from its file and one dataset, compile it into the cache.
 
-    Without ``argv``, a `batchfit.standby` process: it imports what compiling needs, then reads
-    its arguments (a JSON list) from stdin.
+    Without ``argv``, a `batchfit.standby` process, which reads them from stdin (`_standby_start`).
     """
     from batchfit.cache import open_cache
     from batchfit.coding import Coding
@@ -286,15 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from batchfit.modelfile import build_model, load_model_file
 
     if argv is None:
-        # What the model file, the graphs and numba's compile import (~0.7 s of the worker's start,
-        # by -X importtime), done while the parent is still computing the key.
-        import pymc  # noqa: F401
-        import pytensor.link.numba.dispatch  # noqa: F401
-
-        work = sys.stdin.read()
-        if not work:  # its parent died before giving it work
+        argv = _standby_start()
+        if argv is None:  # its parent died, or needed no worker
             return 0
-        argv = json.loads(work)
     parser = argparse.ArgumentParser(prog="python -m batchfit.compile")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--key", required=True)

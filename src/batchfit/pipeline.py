@@ -25,6 +25,7 @@ from batchfit.data import DatasetFiles, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.lanes import lane_count
 from batchfit.provenance import expected_digests, recorded_digest, write_planned
+from batchfit.standby import Standby, compile_workers
 
 log = logging.getLogger("batchfit")
 
@@ -161,28 +162,27 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
     return [d for d in dataset_ids if d not in expected or is_pending(config, d, expected[d])]
 
 
-def run_compile(config: Config, *, workers: int = 1) -> dict[str, Any]:
+def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]:
     """Fill the cache ahead of the fit jobs with the reference dataset's structure.
 
     A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
     own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
-    ``workers``: the processes compiling at once (two halves of the entry; more add nothing).
+    ``workers``: the processes compiling at once (two halves of the entry; more add nothing),
+    or the `compile_workers` the caller started before its own imports (the rule script does).
     """
     from batchfit.cache import open_cache
-    from batchfit.standby import standing_by
 
-    # Opening the cache sets the environment a compile worker must start with (PyTensor's and
-    # numba's cache directories; the CPU target was set with the config): before the early one.
+    # Opening the cache sets the environment the compile workers import numba and PyTensor
+    # under (PyTensor's and numba's cache directories; the CPU target was set with the config).
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
-    # With two cores or more, the worker that compiles the log density's callback (a miss's
-    # longest part) starts now: its imports (~1 s) overlap ours, the data's reading and the
-    # model's key on the core this process leaves idle. Only that one: a second would slow this
-    # process, which a hit (every warm sweep) waits for. On a hit it is killed unused.
-    with standing_by("batchfit.compile", workers, start=1 if workers >= 2 else 0) as compile_workers:
+    with contextlib.ExitStack() as stack:
+        standby = workers if isinstance(workers, Standby) else stack.enter_context(compile_workers(workers))
+        from batchfit.compile import worker_environment
         from batchfit.fit import Fitter, prepare
 
+        standby.announce(worker_environment())
         cache, _, ref = prepare(config)
-        fitter = Fitter(config, ref, cache, compile_workers=compile_workers)
+        fitter = Fitter(config, ref, cache, compile_workers=standby)
     structure = fitter.reference
     return {"key": structure.key, "structure": structure.id, "path": structure.path,
             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,

@@ -5,7 +5,9 @@ likely hand work to other processes starts them here first, goes on with its own
 preparation, and gives each its work on stdin once it knows it: by then they have imported
 what the work needs. Each is ``python -m <module>``, whose main imports and then reads its work
 from stdin, and must do nothing else before: a process not needed is killed (it has done no
-work, and would only finish its imports on a core the caller may want).
+work, and would only finish its imports on a core the caller may want). Something every process
+needs before its work, which the caller learns early (the environment the compile workers
+import PyTensor under), it tells them with `announce`: one line, which each reads first.
 
 Plain processes rather than ``multiprocessing``: its spawn and forkserver starts run the caller's
 ``__main__`` file again, which under Snakemake is the rule script itself, and a fork of a process
@@ -18,7 +20,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 log = logging.getLogger("batchfit")
 
@@ -30,12 +32,33 @@ class Standby:
     def __init__(self, module: str, limit: int, start: int = 0):
         self.module = module
         self.limit = limit
+        self._announced: bytes | None = None
         self._idle = [self._started() for _ in range(min(start, limit))]
         self._dismissed: list[subprocess.Popen] = []
 
     def _started(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", self.module], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", self.module], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if self._announced is not None:
+            _tell(proc, self._announced)
+        return proc
+
+    def announce(self, line: str) -> None:
+        """Write ``line`` (no newline in it) to every process, waiting or started later, before its work; once.
+
+        Announcing the same line again does nothing; a different one is a caller's error: a
+        process may already have acted on the first.
+        """
+        data = line.encode() + b"\n"
+        if self._announced is not None:
+            if data != self._announced:
+                raise ValueError(f"{self.module}'s processes were already told {self._announced!r}")
+            return
+        if b"\n" in data[:-1]:
+            raise ValueError(f"an announced line must hold no newline: {line!r}")
+        self._announced = data
+        for proc in self._idle:
+            _tell(proc, data)
 
     @property
     def waiting(self) -> int:
@@ -73,6 +96,25 @@ def standing_by(module: str, limit: int, start: int = 0) -> Iterator[Standby]:
         yield standby
     finally:
         standby.close()
+
+
+def compile_workers(threads: int) -> AbstractContextManager[Standby]:
+    """The compile workers (`batchfit.compile`) of a job with ``threads`` cores.
+
+    With two or more, the one that compiles the log density's callback (a miss's longest part)
+    starts now, on the core the job leaves idle: its imports (~1.2 s) overlap the job's own, its
+    reading of the data and its computing of the model's key. Only that one: a second would
+    slow the job, which a hit (every warm sweep) waits for. On a hit it is killed unused.
+    """
+    return standing_by("batchfit.compile", threads, start=1 if threads >= 2 else 0)
+
+
+def _tell(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.flush()
+    except BrokenPipeError:  # it died starting: `finish` reports its exit code and stderr
+        pass
 
 
 def finish(proc: subprocess.Popen, work: bytes, name: str) -> subprocess.CompletedProcess:
