@@ -180,8 +180,8 @@ def test_code_digest_covers_the_callback_generator(tmp_path):
     assert sources_digest(copy) == sources_digest(package)
     callbacks_py = copy / "callbacks.py"
     source = callbacks_py.read_text()
-    assert '"    logp[()] = value",' in source
-    callbacks_py.write_text(source.replace('"    logp[()] = value",', '"    logp[()] = -value",'))
+    assert '"    logp[0] = value[()]",' in source
+    callbacks_py.write_text(source.replace('"    logp[0] = value[()]",', '"    logp[0] = -value[()]",'))
     assert sources_digest(copy) != sources_digest(package)
 
 

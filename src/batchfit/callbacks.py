@@ -110,7 +110,9 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
     (``out[:] = grad``), which can raise (and numba compiles its message's formatting at run
     time: ~3 s of every cold compile). For the same reason the gradient is checked with
     ``math.isfinite`` while it is copied, not with ``np.all(np.isfinite(out))``, an array ufunc
-    and a reduction numba compiles anew in every process (~0.2 s of a cold compile).
+    and a reduction numba compiles anew in every process (~0.2 s of a cold compile), and the
+    log density is stored as a number (``value[()]``) in a one-element view: storing the 0-d
+    array itself in a 0-d view made numba compile ``np.take`` twice (~0.15 s).
     """
     offsets = spec.offsets()
     valid, reads, args = _slot_reads(getattr(spec, kind), offsets)
@@ -124,7 +126,7 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
             "        return -1",
             "    x = carray(x_, (n,))",
             "    out = carray(out_, (n,))",
-            "    logp = carray(logp_, ())",
+            "    logp = carray(logp_, (1,))",
         ]
         tail = [
             "    try:",
@@ -133,13 +135,13 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
             "        return 1",
             "    if grad.shape[0] != n:",
             "        return 1",
-            "    logp[()] = value",
+            "    logp[0] = value[()]",
             "    finite = True",
             "    for i in range(n):",
             "        g = grad[i]",
             "        out[i] = g",
             "        finite = finite and isfinite(g)",
-            "    if not isfinite(logp[()]):",
+            "    if not isfinite(logp[0]):",
             "        return 4",
             "    if not finite:",
             "        return 3",
