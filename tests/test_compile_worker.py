@@ -59,23 +59,32 @@ def test_worker_failure_is_the_jobs_error_with_its_last_words(tmp_path, session_
         compile_in_child(tmp_path, source, session_cache)
 
 
-def test_the_job_imports_nutpie_while_the_worker_compiles(tmp_path):
-    """A cold compile job imports nutpie beside the worker, not after it, and joins that import
-    before going on (in a fresh process, since the test session has long imported nutpie, and an
-    empty cache of its own, so the compile is cold)."""
+def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compiles(tmp_path):
+    """A cold compile job imports nutpie and builds the per-process functions beside the worker,
+    not after it, and joins that thread before going on (in a fresh process, since the test
+    session has long imported nutpie, and an empty cache of its own, so the compile is cold)."""
     script = textwrap.dedent(f"""
         import sys, threading
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import batchfit.sampler
         from test_compile_worker import WARNING_MODEL, compile_in_child
+
+        built_in, init = [], batchfit.sampler.SamplerFunctions.__init__
+        def recorded(self, template):
+            built_in.append(threading.current_thread().name)
+            init(self, template)
+        batchfit.sampler.SamplerFunctions.__init__ = recorded
         compiled = compile_in_child(Path({str(tmp_path)!r}), WARNING_MODEL.format(tag="prefetch", centre="0.375"),
                                     Path({str(tmp_path / "cache")!r}))
         assert not compiled.report.hit, "expected a cold compile"
-        print("nutpie" in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith("batchfit-")])
+        assert compiled.functions.free_names == ["mu"]
+        print("nutpie" in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith("batchfit-")],
+              built_in)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[-2] == "True []", out.stdout
+    assert out.stdout.split("\n")[-2] == "True [] ['batchfit-beside']", out.stdout
 
 
 def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_started(tmp_path):

@@ -176,9 +176,17 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)
 
+    prepared: list[SamplerFunctions] = []  # the per-process functions, built while a child compiles
+
+    def prepare_functions() -> None:
+        try:
+            prepared.append(SamplerFunctions(model))
+        except Exception:  # noqa: BLE001 - built again below, in this thread, which raises it
+            pass
+
     def build() -> dict[str, Any]:
         if source is not None:
-            return build_in_child(source, cache, key, workers=workers)
+            return build_in_child(source, cache, key, workers=workers, beside=[prepare_functions])
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
@@ -191,7 +199,8 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
 
     def functions() -> CompiledModel:
         with _collector_paused():
-            return CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched))
+            return CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched),
+                                 functions=prepared[0] if prepared else None)
 
     # The per-process functions compile through PyTensor, which reads its own files in the cache.
     return retry_after_healing(cache, f"cache entry {key[:12]}", functions)
@@ -217,7 +226,8 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1) -> dict[str, Any]:
+def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1,
+                   beside: Sequence[Callable[[], object]] = ()) -> dict[str, Any]:
     """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
 
     ``workers``: how many may compile at once (the job's cores), or a `Standby` of workers
@@ -229,7 +239,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     not in the workers: two workers healing at once each see only what the other left, and
     their warnings named different files) and one worker builds the entry again (in a fresh
     process, so no half-loaded numba state is reused); the damage is reported in the job's own
-    warnings. The workers' other output goes to our log.
+    warnings. The workers' other output goes to our log. Meanwhile this process imports nutpie
+    and runs ``beside`` in a background thread (`_beside`).
     """
     argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
             "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
@@ -237,7 +248,7 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     standby = workers if isinstance(workers, Standby) else Standby(__name__, workers)
     standby.announce(worker_environment())
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
-    with _importing_beside(import_nutpie), ThreadPoolExecutor(len(parts)) as pool:
+    with _beside(import_nutpie, *beside), ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
                    for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
         procs = {part: future.result() for part, future in running.items()}
@@ -262,16 +273,17 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
 
 
 @contextlib.contextmanager
-def _importing_beside(load: Callable[[], object]) -> Iterator[None]:
-    """Run the import ``load`` in a background thread while the block runs (the block must import nothing).
+def _beside(*tasks: Callable[[], object]) -> Iterator[None]:
+    """Run ``tasks``, one after the other, in a background thread while the block runs (the block must import nothing).
 
-    Used while the compile worker runs: this process only waits for it (seconds, on one core),
-    and every caller samples from the entry next, so importing nutpie beside the compile instead
-    of after it shortens a cold job by that much. The waiting thread holds no GIL. The import
-    thread is joined before the block's caller goes on: two threads importing at once can
-    deadlock on importlib's module locks ("deadlock detected by _ModuleLock").
+    Used while the compile workers run: this process only waits for them (seconds, on one core),
+    and every caller samples from the entry next, so importing nutpie and building the
+    per-process functions beside the compile instead of after it shortens a cold job by that
+    much. The waiting threads hold no GIL. The background thread is joined before the block's
+    caller goes on: two threads importing at once can deadlock on importlib's module locks
+    ("deadlock detected by _ModuleLock").
     """
-    thread = threading.Thread(target=load, name=f"batchfit-import-{load.__name__}", daemon=True)
+    thread = threading.Thread(target=lambda: [task() for task in tasks], name="batchfit-beside", daemon=True)
     thread.start()
     try:
         yield

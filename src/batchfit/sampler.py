@@ -25,14 +25,16 @@ if TYPE_CHECKING:
 class CompiledModel:
     """A model structure's cached callbacks plus the per-process functions around them."""
 
-    def __init__(self, key: str, spec: WrapperSpec, logp: Any, expand: Any, template: Any, report: CompileReport):
+    def __init__(self, key: str, spec: WrapperSpec, logp: Any, expand: Any, template: Any, report: CompileReport,
+                 functions: SamplerFunctions | None = None):
         self.key = key
         self.spec = spec
         self.logp = logp
         self.expand = expand
         self.report = report
         self.fingerprint = structure_of(template)  # computed once: the structure registry asked first
-        self.functions = SamplerFunctions(template)
+        # ``functions``: of ``template``, built already (while the callbacks compiled)
+        self.functions = functions if functions is not None else SamplerFunctions(template)
 
     def matches(self, model: Any) -> bool:
         """Whether ``model`` has the structure these callbacks were compiled for."""
