@@ -245,8 +245,7 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
             "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
             "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
-    standby = workers if isinstance(workers, Standby) else Standby(__name__, workers)
-    standby.announce(worker_environment())
+    standby = _told(workers if isinstance(workers, Standby) else Standby(__name__, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     with _beside(import_nutpie, *beside), ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
@@ -259,9 +258,7 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
             raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
                                 f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
         warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
-        again = Standby(__name__, 1)
-        again.announce(worker_environment())
-        procs = {"all": _run_worker(again.take(1)[0], [*argv, "--part", "all"], "all")}
+        procs = {"all": _run_worker(_told(Standby(__name__, 1)).take(1)[0], [*argv, "--part", "all"], "all")}
     for part, proc in procs.items():
         if proc.returncode != 0:
             detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
@@ -270,6 +267,13 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     if any(manifest != manifests[0] for manifest in manifests):
         raise BatchfitError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
     return manifests[0]
+
+
+def _told(standby: Standby) -> Standby:
+    """``standby``, its processes told the environment to import numba and PyTensor under
+    (again, if its starter told them already: the same line is written once)."""
+    standby.announce(worker_environment())
+    return standby
 
 
 @contextlib.contextmanager
@@ -283,7 +287,11 @@ def _beside(*tasks: Callable[[], object]) -> Iterator[None]:
     caller goes on: two threads importing at once can deadlock on importlib's module locks
     ("deadlock detected by _ModuleLock").
     """
-    thread = threading.Thread(target=lambda: [task() for task in tasks], name="batchfit-beside", daemon=True)
+    def run() -> None:
+        for task in tasks:
+            task()
+
+    thread = threading.Thread(target=run, name="batchfit-beside", daemon=True)
     thread.start()
     try:
         yield

@@ -178,9 +178,10 @@ def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]
     with contextlib.ExitStack() as stack:
         standby = workers if isinstance(workers, Standby) else stack.enter_context(compile_workers(workers))
         from batchfit.compile import worker_environment
+
+        standby.announce(worker_environment())  # the early worker waits for it to import numba
         from batchfit.fit import Fitter, prepare
 
-        standby.announce(worker_environment())
         cache, _, ref = prepare(config)
         fitter = Fitter(config, ref, cache, compile_workers=standby)
     structure = fitter.reference
