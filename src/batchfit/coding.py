@@ -131,24 +131,21 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
 _planned: dict[Path, dict[str, Any]] = {}
 
 
-def write_planned(config: Config) -> bool:
+def write_planned(config: Config) -> None:
     """Write the registry this process computed for `config` while its results directory did not exist.
 
     A new sweep's plan (Snakemake's main process, before the run makes the directory) scans
     every data file; written at the run's start (`batchfit.pipeline.write_plan`), it spares the
     first fit job the same scan, which the other jobs waited for behind the registry's lock.
     Not over a registry some process wrote meanwhile (the jobs update that one as always).
-    True if it was written.
     """
     path = registry_path(config)
     registry = _planned.pop(path, None)
     if registry is None or not path.parent.is_dir():
-        return False
+        return
     with _locked(config, path):
-        if path.exists():
-            return False
-        _write_registry(path, registry)
-    return True
+        if not path.exists():
+            _write_registry(path, registry)
 
 
 @contextlib.contextmanager

@@ -189,8 +189,12 @@ class DigestCache:
         if not self.path.parent.is_dir():
             _planned_digests[self.path] = self.used
             return
-        with atomic_path(self.path) as tmp:
-            tmp.write_text(json.dumps(self.used))
+        _write_digests(self.path, self.used)
+
+
+def _write_digests(path: Path, digests: dict[str, list]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(digests))
 
 
 # Digest caches computed for sweeps whose results directory did not exist yet, by path.
@@ -212,8 +216,7 @@ def write_planned(config: Config) -> None:
     path = config.results_dir / DIGEST_CACHE_NAME
     digests = _planned_digests.pop(path, None)
     if digests is not None and path.parent.is_dir() and not path.exists():
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(digests))
+        _write_digests(path, digests)
 
 
 def sidecar_path(config: Config, dataset_id: str) -> Path:
