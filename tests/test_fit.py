@@ -226,15 +226,6 @@ def test_dataset_seed_is_the_same_in_another_process():
     assert json.loads(out) == [dataset_seed(g, i) for g, i in pairs]
 
 
-def test_a_fit_process_does_not_load_jax():
-    """A fit job imports nutpie (and with it arviz); where JAX is installed, that must not load it:
-    arviz_base's lazy io_numpyro does when numpyro is missing (cpython#139669, see pyproject's
-    test extra), ~1-2 s more in every fit job of every sweep this suite runs."""
-    code = "import sys, batchfit.fit, nutpie; print(sorted(m for m in ('jaxlib', 'jax._src') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    assert out.strip() == "[]", f"importing nutpie loaded {out.strip()}"
-
-
 # --- 5. contract errors ------------------------------------------------------------------------------
 
 BAKED_MODEL = textwrap.dedent("""

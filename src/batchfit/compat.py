@@ -8,13 +8,12 @@ fails with the API's name when an upgrade removes or changes one.
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import os
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = [
     "dispatched_densities",
     "end_snakemake_rate_timers",
     "import_nutpie",
-    "lazy_jax_hidden",
     "library_roots",
     "is_numba_cache_reader",
     "load_cached_cfunc",
@@ -208,38 +206,6 @@ def netcdf4_put_whole(variable: Any, data: Any) -> None:
     variable._put(data, [0] * len(shape), list(shape), [1] * len(shape))
 
 
-# --- matplotlib and a lazily loaded JAX -------------------------------------------------------
-
-
-@contextmanager
-def lazy_jax_hidden() -> Iterator[None]:
-    """While plotting, keep an unloaded lazy ``jax`` out of matplotlib's sight.
-
-    arviz_base 1.3 (``arviz_base/io_numpyro.py``) calls ``lazy_loader.load("jax")`` when
-    imported, which puts an unloaded lazy ``jax`` in ``sys.modules`` wherever JAX is installed.
-    matplotlib 3.11 asks every non-NumPy value it plots whether it is a JAX array
-    (``matplotlib.cbook._is_jax_array`` reads ``sys.modules.get("jax").Array``), and that
-    attribute loads all of JAX: ~0.9 s of the plots rule, for arrays that cannot be JAX's (no
-    JAX array exists before JAX is loaded). Hidden, matplotlib finds no ``jax``; a real import of
-    JAX meanwhile is kept, and the lazy module goes back only if nothing replaced it.
-
-    CPython 3.12's ``importlib.util.LazyLoader`` makes a module an instance of the private
-    ``importlib.util._LazyModule`` until its first attribute access loads it; ``type()`` reads
-    the class without that access.
-    """
-    import arviz_base  # noqa: F401 - it leaves the lazy jax: imported now, so that none appears mid-plot
-
-    lazy = sys.modules.get("jax")
-    if not issubclass(type(lazy), importlib.util._LazyModule):
-        yield
-        return
-    del sys.modules["jax"]
-    try:
-        yield
-    finally:
-        sys.modules.setdefault("jax", lazy)
-
-
 # --- numba: caching generated functions and loading them without the compiler ------------------
 
 _CACHED_FUNCTIONS: WeakKeyDictionary = WeakKeyDictionary()
@@ -331,37 +297,55 @@ def is_numba_cache_reader(function: str, filename: str) -> bool:
 # --- nutpie: imported without the arviz it never uses for us ------------------------------------
 
 class _LoadedOnFirstUse(ModuleType):
-    """Stands in for a package in ``sys.modules`` until one of its names is read, then loads it.
+    """What nutpie's own module binds as ``arviz``: loads the real package when one of its names is read.
 
-    Not ``importlib.util.LazyLoader``: on CPython 3.12 a second ``import arviz`` reads the lazy
-    module's ``__spec__`` (``import_ensure_initialized``), and any attribute read loads it. A
-    plain module's ``__spec__`` is None, and ``__getattr__`` sees only the names it lacks. Once
-    loaded, the stand-in takes the package's names too: a module that bound it meanwhile (or a
-    user's ``import arviz``) sees the package's own ``dir()`` and values.
+    Never left in ``sys.modules`` (see `import_nutpie`): only nutpie's module holds it, so nothing
+    that walks ``sys.modules`` (``inspect.getmodule``, which lazy_loader's ``load`` runs for a
+    missing module) can touch it. ``importlib.util.LazyLoader`` is not used: it needs the module in
+    ``sys.modules``, and any attribute read (``__file__`` included) loads it.
     """
 
     def __getattr__(self, name: str) -> Any:
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
         package = importlib.import_module(self.__name__)
         vars(self).update(vars(package))
         return getattr(package, name)
 
 
+# What nutpie's modules import besides nutpie itself and ``arviz``: imported before the stand-in
+# goes into ``sys.modules``, so that only nutpie's own modules run while it is there.
+_NUTPIE_IMPORTS = ("numpy", "pandas", "pyarrow", "xarray", "pytensor", "pymc", "arviz_base")
+
+
 def import_nutpie() -> ModuleType:
-    """``import nutpie``, with the ``arviz`` it imports loaded only when one of its names is used.
+    """``import nutpie``, with the ``arviz`` it imports loaded only when nutpie uses one of its names.
 
     nutpie 0.16 imports ``arviz`` at the top of ``nutpie/sample.py`` for ``arviz.from_dict``; the
     arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
-    (matplotlib.pyplot) with it: ~1.3 s of every fit job's first dataset, for names batchfit's
-    path never uses (it builds the trace itself, `nutpie_trace`). PyMC defers its own arviz
-    import for the same reason (pymc-devs/pymc#8276). Whoever does use arviz (nutpie's own
-    compile path, a user's notebook) gets the whole package on its first name.
-    """
-    if "nutpie" not in sys.modules and "arviz" not in sys.modules:
-        sys.modules["arviz"] = _LoadedOnFirstUse("arviz")
-    import nutpie
+    (matplotlib.pyplot) with it: over a second of every fit job, for names batchfit's path never
+    uses (it builds the trace itself, `nutpie_trace`; `benchmarks/imports.py` measures the
+    saving). PyMC defers its own arviz import for the same reason (pymc-devs/pymc#8276).
 
+    The stand-in is in ``sys.modules`` only while ``import nutpie`` runs, after everything else
+    nutpie imports: a stand-in left there was loaded by ``inspect.getmodule`` (which lazy_loader
+    calls for a missing optional module, python/cpython#139669) in the middle of importing
+    arviz_base, which then failed as partially initialised (batchfit issue #43). Called from the
+    main thread only, like every import of a job (`tests/test_thread_imports.py`).
+    """
+    if "nutpie" in sys.modules:
+        return sys.modules["nutpie"]
+    for name in _NUTPIE_IMPORTS:
+        importlib.import_module(name)
+    if "arviz" in sys.modules:
+        import nutpie
+
+        return nutpie
+    stand_in = _LoadedOnFirstUse("arviz")
+    sys.modules["arviz"] = stand_in
+    try:
+        import nutpie
+    finally:
+        if sys.modules.get("arviz") is stand_in:
+            del sys.modules["arviz"]
     return nutpie
 
 

@@ -24,7 +24,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -179,14 +178,12 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
     prepared: list[SamplerFunctions] = []  # the per-process functions, built while a child compiles
 
     def prepare_functions() -> None:
-        try:
-            prepared.append(SamplerFunctions(model))
-        except Exception:  # noqa: BLE001 - built again below, in this thread, which raises it
-            pass
+        import_nutpie()  # every caller samples next
+        prepared.append(SamplerFunctions(model))
 
     def build() -> dict[str, Any]:
         if source is not None:
-            return build_in_child(source, cache, key, workers=workers, beside=[prepare_functions])
+            return build_in_child(source, cache, key, workers=workers, meanwhile=prepare_functions)
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
@@ -227,29 +224,33 @@ def _collector_paused() -> Iterator[None]:
 
 
 def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1,
-                   beside: Sequence[Callable[[], object]] = ()) -> dict[str, Any]:
+                   meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
     """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
 
     ``workers``: how many may compile at once (the job's cores), or a `Standby` of workers
     started earlier (`batchfit.pipeline.run_compile`). With two or more, one interpreter
     compiles the log density's callback (the longest part; it takes a worker already started)
-    while another compiles the rest: numba compiles a function on one core, and on two cores
-    that cut a cold compile by about a second. A worker that failed reading a damaged cache
-    file exits with DAMAGED_EXIT; once all have exited this process removes the damage (here,
-    not in the workers: two workers healing at once each see only what the other left, and
-    their warnings named different files) and one worker builds the entry again (in a fresh
-    process, so no half-loaded numba state is reused); the damage is reported in the job's own
-    warnings. The workers' other output goes to our log. Meanwhile this process imports nutpie
-    and runs ``beside`` in a background thread (`_beside`).
+    while another compiles the rest: numba compiles a function on one core. A worker that failed
+    reading a damaged cache file exits with DAMAGED_EXIT; once all have exited this process
+    removes the damage (here, not in the workers: two workers healing at once each see only
+    what the other left) and one worker builds the entry again (in a fresh process, so no
+    half-loaded numba state is reused); the damage is reported in the job's own warnings. The
+    workers' other output goes to our log.
+
+    ``meanwhile`` runs in this thread while the workers compile (this process would only wait);
+    the threads that wait for the workers only pass their work and read their output: they import
+    nothing, so no import ever runs beside this thread's.
     """
     argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
             "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
             "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
     standby = _told(workers if isinstance(workers, Standby) else Standby(__name__, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
-    with _beside(import_nutpie, *beside), ThreadPoolExecutor(len(parts)) as pool:
+    with ThreadPoolExecutor(len(parts)) as pool:
         running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
                    for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
+        if meanwhile is not None:
+            meanwhile()
         procs = {part: future.result() for part, future in running.items()}
     damaged = [part for part, proc in procs.items() if proc.returncode == DAMAGED_EXIT]
     if damaged:
@@ -274,29 +275,6 @@ def _told(standby: Standby) -> Standby:
     (again, if its starter told them already: the same line is written once)."""
     standby.announce(worker_environment())
     return standby
-
-
-@contextlib.contextmanager
-def _beside(*tasks: Callable[[], object]) -> Iterator[None]:
-    """Run ``tasks``, one after the other, in a background thread while the block runs (the block must import nothing).
-
-    Used while the compile workers run: this process only waits for them (seconds, on one core),
-    and every caller samples from the entry next, so importing nutpie and building the
-    per-process functions beside the compile instead of after it shortens a cold job by that
-    much. The waiting threads hold no GIL. The background thread is joined before the block's
-    caller goes on: two threads importing at once can deadlock on importlib's module locks
-    ("deadlock detected by _ModuleLock").
-    """
-    def run() -> None:
-        for task in tasks:
-            task()
-
-    thread = threading.Thread(target=run, name="batchfit-beside", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
 
 
 def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> subprocess.CompletedProcess:

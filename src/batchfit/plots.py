@@ -21,7 +21,6 @@ from matplotlib.figure import Figure
 from batchfit import intervals
 from batchfit.atomic import atomic_path
 from batchfit.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chunk_cache, open_presence
-from batchfit.compat import lazy_jax_hidden
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.variables import FREE, ROLE_ATTR, select_vars, stack_elements
@@ -244,14 +243,13 @@ def write_plots(config: Config) -> list[Path]:
     out = plots_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "health.png"]
-    with lazy_jax_hidden():
-        plot_health(read_health(config.summary_path, max_rows=0), written[0])
-        forest_dir = out / "forest"
-        shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
-        forest_dir.mkdir()
-        for name, rows in forest_rows(config.posteriors_path, config.report, config.summary).items():
-            written.append(forest_dir / plot_file_name(name))
-            _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
+    plot_health(read_health(config.summary_path, max_rows=0), written[0])
+    forest_dir = out / "forest"
+    shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
+    forest_dir.mkdir()
+    for name, rows in forest_rows(config.posteriors_path, config.report, config.summary).items():
+        written.append(forest_dir / plot_file_name(name))
+        _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
     return written
 
 

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from batchfit.atomic import atomic_path
-from batchfit.compat import lazy_jax_hidden
 from batchfit.config import Config
 from batchfit.data import Dataset, discover_datasets, load_dataset, table_kind
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError
@@ -521,24 +520,23 @@ def plot_ranks(ranks: Mapping[str, Ranked], n_draws: int, envelope_prob: float, 
 
     paths = []
     prob = _element_prob(envelope_prob, n_elements)
-    with lazy_jax_hidden():
-        for name, ranked in ranks.items():
-            pit = pit_values(ranked.values, n_draws)
-            x, lower, upper = simultaneous_band(len(pit), prob)
-            ds = xr.Dataset({name: (("chain", "draw", *ranked.dims), pit[None])}, coords=dict(ranked.coords))
-            pc = plot_ecdf_pit(xr.DataTree.from_dict({RANKS_GROUP: ds}), group=RANKS_GROUP, backend="matplotlib")
-            figure = pc.get_viz("figure")
-            for ax in figure.axes:
-                if ax.lines:
-                    ax.fill_between(x, lower - x, upper - x, step="post", alpha=0.2, color="grey",
-                                    label=f"{prob:.3g} simultaneous band")
-            figure.suptitle(f"{name}: ECDF of ranks minus uniform, {len(pit)} simulations", y=1.02)
-            path = out_dir / f"{name}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path) as tmp:
-                figure.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
-            plt.close(figure)
-            paths.append(path)
+    for name, ranked in ranks.items():
+        pit = pit_values(ranked.values, n_draws)
+        x, lower, upper = simultaneous_band(len(pit), prob)
+        ds = xr.Dataset({name: (("chain", "draw", *ranked.dims), pit[None])}, coords=dict(ranked.coords))
+        pc = plot_ecdf_pit(xr.DataTree.from_dict({RANKS_GROUP: ds}), group=RANKS_GROUP, backend="matplotlib")
+        figure = pc.get_viz("figure")
+        for ax in figure.axes:
+            if ax.lines:
+                ax.fill_between(x, lower - x, upper - x, step="post", alpha=0.2, color="grey",
+                                label=f"{prob:.3g} simultaneous band")
+        figure.suptitle(f"{name}: ECDF of ranks minus uniform, {len(pit)} simulations", y=1.02)
+        path = out_dir / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
+        plt.close(figure)
+        paths.append(path)
     return paths
 
 
