@@ -113,7 +113,7 @@ def write_failure(config: Config, dataset_id: str, message: str) -> Path:
 
 
 IDS = ["store_01", "store_02", "store_03", "store_04", "store_07"]
-FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "traceback"]
 FAILURE_MESSAGE = "dataset error (dataset 'store_04', column 'y'): 3 missing values, first in row 7"
 
 
@@ -209,7 +209,7 @@ def test_summary_csv(sweep: Config) -> None:
                                        "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89%
     assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
                                      "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
-                                     "structure", "sampler_path"]
+                                     "structure", "sampler_path", "fallback"]
 
     # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, failure row, 5+1+10
     assert summary.groupby("dataset", sort=False).size().to_dict() == {
@@ -256,7 +256,7 @@ def test_summary_csv(sweep: Config) -> None:
 
 def test_failures_csv(sweep: Config) -> None:
     collect(sweep, IDS)
-    failures = pd.read_csv(sweep.failures_csv_path)
+    failures = pd.read_csv(sweep.failures_csv_path, keep_default_na=False)
     assert list(failures.columns) == FAILURE_COLUMNS
     assert failures.to_dict("records") == [
         {
@@ -265,6 +265,7 @@ def test_failures_csv(sweep: Config) -> None:
             "stage": "check",
             "error_type": "DatasetError",
             "message": FAILURE_MESSAGE,
+            "traceback": "",  # an expected error: no bug to report
         }
     ]
 

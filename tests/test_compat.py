@@ -84,11 +84,31 @@ def test_nutpie_names_its_chain_threads():
 
 @pytest.mark.parametrize("labels", [np.arange(3, dtype=np.int32), (np.int64(1), np.int64(5)), ["a", "b"], [0.5, 1.5]])
 def test_coordinate_index_is_of_a_type_nutpie_converts(labels):
-    from batchfit.sampler import coordinate_index
+    from batchfit.compat import coordinate_index
 
     index = coordinate_index(labels)
     assert index.dtype.kind in "ifO"
     assert index.dtype.kind != "i" or index.dtype.itemsize == 8
+
+
+def test_int32_labels_sample_through_nutpies_own_compile_once_converted():
+    """PyMC keeps ``coords={"site": np.unique(codes)}`` of an int32 column as int32 labels, which
+    nutpie's sampler refuses (so ``pm.sample(nuts_sampler="nutpie")`` fails on such a model);
+    `compat.with_labels` gives nutpie's compiled model labels it takes, through its ``_coords``."""
+    import nutpie
+    import pymc as pm
+
+    from batchfit.compat import with_labels
+
+    with pm.Model(coords={"site": np.unique(np.array([2, 0, 1, 2], dtype=np.int32))}) as model:
+        pm.Normal("a", 0.0, 1.0, dims="site")
+    compiled = nutpie.compile_pymc_model(model)
+    settings = {"draws": 20, "tune": 20, "chains": 1, "seed": 1, "progress_bar": False}
+    with pytest.raises(Exception, match="unsupported type"):  # still needed: nutpie refuses int32 labels
+        nutpie.sample(compiled, **settings)
+    trace = nutpie.sample(with_labels(compiled), **settings)
+    assert trace.posterior["a"].dims[2:] == ("site",)
+    assert trace.posterior["site"].values.tolist() == [0, 1, 2]
 
 
 def test_nutpie_trace_is_the_datatree_nutpie_returns():
@@ -118,7 +138,7 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
     assert hasattr(sampler, "_settings"), "nutpie's _BackgroundSampler._settings is gone"
     assert callable(getattr(sys.modules["nutpie.sample"], "_add_arrow_data", None)), \
         "nutpie.sample._add_arrow_data is gone"
-    ours = nutpie_trace(sampler, compiled)
+    ours = nutpie_trace(sampler, sampler.wait(), compiled)
 
     assert set(ours.children) == {"posterior", "sample_stats"} <= set(theirs.children)
     for group in ("posterior", "sample_stats"):

@@ -1,5 +1,6 @@
 """The compile worker (a child process) reports to the job: its warnings and log lines reach the
-job's log, and its failure is the job's error with the worker's last words."""
+job's log; a model it cannot take is the model's failure, and its crash the job's error with the
+worker's last words."""
 
 from __future__ import annotations
 
@@ -50,19 +51,37 @@ def test_worker_warnings_reach_the_jobs_log(tmp_path, session_cache, caplog):
     assert any("build_model says: check the priors of worker-test" in line for line in worker_lines), worker_lines
 
 
-def test_worker_failure_is_the_jobs_error_with_its_last_words(tmp_path, session_cache):
-    from batchfit.errors import BatchfitError
+def test_a_model_the_worker_builds_otherwise_is_one_the_cached_path_cannot_take(tmp_path, session_cache):
+    """A ``build_model`` that builds another model in the worker (here its centre is the process id)
+    is the model's failure: the structure goes through nutpie's own compile, which compiles in-process."""
+    from batchfit.errors import CachedPathUnsupported
 
-    # Differs between processes: the parent's key never matches the worker's.
     source = WARNING_MODEL.format(tag="x", centre="__import__('os').getpid() * 1e-9")
-    with pytest.raises(BatchfitError, match="build_model must be deterministic"), pytest.warns(UserWarning):
+    with pytest.raises(CachedPathUnsupported, match="same model from the same dataset"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, source, session_cache)
 
 
+def test_a_worker_that_dies_is_batchfits_failure_with_its_last_words(tmp_path, session_cache):
+    """A worker that crashes (here it exits while importing the model file) is not the model's doing:
+    the job's error, not a fallback, and it carries what the worker printed."""
+    from batchfit.errors import BatchfitError
+
+    source = WARNING_MODEL.format(tag="x", centre="0.5") + textwrap.dedent("""
+        import os, sys
+        if sys.argv[0].endswith(os.path.join("batchfit", "compile.py")):
+            print("the worker's last words", file=sys.stderr, flush=True)
+            os._exit(7)
+    """)
+    with pytest.raises(RuntimeError, match="compile worker") as failure, pytest.warns(UserWarning):
+        compile_in_child(tmp_path, source, session_cache)
+    assert not isinstance(failure.value, BatchfitError)
+    assert "the worker's last words" in "".join(failure.value.__notes__)
+
+
 def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compiles(tmp_path):
-    """A cold compile job imports nutpie and builds the per-process functions beside the worker,
-    not after it, and joins that thread before going on (in a fresh process, since the test
-    session has long imported nutpie, and an empty cache of its own, so the compile is cold)."""
+    """A cold compile job imports nutpie and builds the per-process functions while the worker
+    compiles, not after it, in its main thread (in a fresh process, since the test session has
+    long imported nutpie, and an empty cache of its own, so the compile is cold)."""
     script = textwrap.dedent(f"""
         import sys, threading
         from pathlib import Path
@@ -84,7 +103,7 @@ def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compil
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[-2] == "True [] ['batchfit-beside']", out.stdout
+    assert out.stdout.split("\n")[-2] == "True [] ['MainThread']", out.stdout
 
 
 def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_started(tmp_path):

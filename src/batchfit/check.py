@@ -24,7 +24,7 @@ import numpy as np
 
 from batchfit.config import Config
 from batchfit.data import coerce_for_model, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, DatasetError, one_line
+from batchfit.errors import BatchfitError, CachedPathUnsupported, DatasetError, one_line
 from batchfit.fingerprint import structure_of
 from batchfit.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
 
@@ -176,7 +176,7 @@ def fast_path_problems(model: Any) -> list[str]:
     try:
         graphs = SamplerGraphs.of(model)
         _, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
-    except Exception as exc:  # noqa: BLE001 - any reason is a reason for nutpie's path
+    except CachedPathUnsupported as exc:
         return [one_line(exc)]
     names = list(model.named_vars)
     found = [str(f) for fn in (logp_fn, expand_fn) for f in fallbacks_in_function(fn, variable_names=names)]

@@ -60,8 +60,10 @@ STAGED = "staged"  # in the summary cache directory: new fits' draws between col
 STAGE_MAX_BYTES = 2**20
 # summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
 ROW_COLUMNS = ["dataset", "parameter"]
-HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path"]
-FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message"]
+HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path",
+                  "fallback"]
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "traceback"]
+_OPTIONAL_FAILURE_COLUMNS = ("traceback",)  # not in records of batchfit 0.1.0 before issue #43
 _MAX_IDS_IN_MESSAGE = 20
 
 
@@ -109,6 +111,7 @@ class CollectReport:
     failed_ids: list[str] = field(default_factory=list)
     summarised_ids: list[str] = field(default_factory=list)  # summarised this run (no valid cached summary)
     posterior_read_ids: list[str] = field(default_factory=list)  # read from their fits (not copied from before)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)  # why not the cached path -> datasets
 
     @property
     def n_datasets(self) -> int:
@@ -120,9 +123,12 @@ class CollectReport:
             f"collect: {self.n_ok} ok, {self.n_warning} warning, {self.n_failed} failed "
             f"of {self.n_datasets} datasets"
         )
+        n_fallbacks = sum(map(len, self.fallbacks.values()))
+        if n_fallbacks:
+            line += f"; {n_fallbacks} not on batchfit's cached path (summary.csv's fallback column says why)"
         if self.n_failed:
             return f"{line} (see {self.failures_path})"
-        if self.n_warning:
+        if self.n_warning or n_fallbacks:
             return f"{line} (see {self.summary_path})"
         return line
 
@@ -197,6 +203,7 @@ def collect_fits(
     cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}
+    fallbacks: dict[str, list[str]] = {}
     stale: list[str] = []
     layout = SweepLayout()
     with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
@@ -217,6 +224,8 @@ def collect_fits(
                 health = _health(np.asarray(table["r_hat"], dtype=float)[scored],
                                  np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"], thresholds)
                 statuses[dataset_id] = health["status"]
+                if entry["attrs"].get("fallback"):
+                    fallbacks.setdefault(str(entry["attrs"]["fallback"]), []).append(dataset_id)
                 csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
                 layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
         if stale:
@@ -242,6 +251,7 @@ def collect_fits(
         failed_ids=list(failed),
         summarised_ids=[d for d in fitted if d in summarised],
         posterior_read_ids=read,
+        fallbacks=fallbacks,
     )
 
 
@@ -524,14 +534,14 @@ def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
         raise DatasetError(f"cannot read failure record: {exc}", dataset=dataset_id, path=path) from exc
     if not isinstance(record, dict):
         raise DatasetError("failure record is not a JSON object", dataset=dataset_id, path=path)
-    missing = [key for key in FAILURE_COLUMNS if key not in record]
+    missing = [key for key in FAILURE_COLUMNS if key not in record and key not in _OPTIONAL_FAILURE_COLUMNS]
     if missing:
         raise DatasetError(f"failure record lacks {', '.join(missing)}", dataset=dataset_id, path=path)
     if record["dataset"] != dataset_id:
         raise DatasetError(
             f"failure record is for dataset '{record['dataset']}'", dataset=dataset_id, path=path
         )
-    return {key: str(record[key]) for key in FAILURE_COLUMNS}
+    return {key: str(record.get(key, "")) for key in FAILURE_COLUMNS}
 
 
 def _classify(
@@ -662,7 +672,7 @@ def _summary_rows(
     per_dataset = {
         "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
         "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
-        "sampler_path": str(attrs.get("sampler_path", "")),
+        "sampler_path": str(attrs.get("sampler_path", "")), "fallback": str(attrs.get("fallback", "")),
     }
     wanted = set(entry["summarised"])
     return [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]

@@ -7,6 +7,7 @@ fails with the API's name when an upgrade removes or changes one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -21,6 +22,7 @@ from weakref import WeakKeyDictionary
 
 __all__ = [
     "NUTPIE_THREAD_PREFIX",
+    "coordinate_index",
     "dispatched_densities",
     "end_snakemake_rate_timers",
     "import_nutpie",
@@ -34,6 +36,7 @@ __all__ = [
     "register_cache_locator",
     "stop_pathlib_interning",
     "wait_for_sampler_threads",
+    "with_labels",
 ]
 
 # nutpie 0.16 names the threads that run chains "nutpie-worker-N" (its Rust sampler's thread pool).
@@ -384,6 +387,37 @@ def nutpie_model(*, dims: dict[str, Any], reparameterized_names: Sequence[str], 
     )
 
 
+def coordinate_index(labels: Sequence[Any]) -> Any:
+    """Coordinate labels as a pandas Index of a type nutpie's trace accepts.
+
+    nutpie 0.16 converts int64, float64 and text indexes; an int32 index, which PyMC keeps for
+    ``coords={"site": np.unique(codes)}`` of an int32 column, fails the whole sample with
+    "Coordinate site value has unsupported type ... Could not convert to Value", in
+    ``pm.sample(nuts_sampler="nutpie")`` too. Other labels become text, as arviz writes them.
+    """
+    import pandas as pd
+
+    index = pd.Index(list(labels))
+    kind = index.dtype.kind
+    if kind in "iu":
+        return index.astype("int64")
+    if kind == "f":
+        return index.astype("float64")
+    return pd.Index([str(label) for label in labels], dtype=object)
+
+
+def with_labels(compiled: Any) -> Any:
+    """nutpie's ``compile_pymc_model`` result with coordinate labels its sampler accepts (`coordinate_index`).
+
+    Its ``_coords`` field (``nutpie/compile_pymc.py``, ``CompiledPyMCModel``; nutpie 0.16) holds
+    ``pd.Index(values)`` of every coordinate, which the sampler converts when it builds the trace.
+    """
+    coords = compiled._coords
+    if coords is None:
+        return compiled
+    return dataclasses.replace(compiled, _coords={name: coordinate_index(labels) for name, labels in coords.items()})
+
+
 # --- nutpie: the trace as a DataTree, without arviz.from_dict ----------------------------------
 
 # Sample stats nutpie 0.16 leaves out of its DataTree while the setting that names them is off
@@ -400,9 +434,9 @@ _NUTPIE_OPTIONAL_STATS = {
 _SAMPLE_DIMS = ("chain", "draw")
 
 
-def nutpie_trace(sampler: Any, model: Any) -> Any:
-    """Wait for a sampler from ``nutpie.sample(model, ..., blocking=False, return_raw_trace=True,
-    save_warmup=False)`` and return the DataTree nutpie itself would have returned.
+def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
+    """The DataTree nutpie itself would have returned for ``raw``, what ``sampler.wait()`` gave of a
+    sampler from ``nutpie.sample(model, ..., blocking=False, return_raw_trace=True, save_warmup=False)``.
 
     The same ``posterior`` and ``sample_stats`` (values, dims, coordinates, the stats it keeps, its
     attributes), built as two ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``, which
@@ -423,7 +457,7 @@ def nutpie_trace(sampler: Any, model: Any) -> Any:
     from nutpie.sample import _add_arrow_data
 
     settings = sampler._settings.as_dict()
-    draw_batches, stat_batches = sampler.wait().get_arrow_trace()
+    draw_batches, stat_batches = raw.get_arrow_trace()
     skip = [name for path, names in _NUTPIE_OPTIONAL_STATS.items() if not _nested(settings["settings"], path)
             for name in names]
     n_tune = [int(stat.column("tuning").to_numpy().sum()) for stat in stat_batches]

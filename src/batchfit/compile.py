@@ -22,6 +22,7 @@ import gc
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from batchfit.cache_heal import damage_message, heal, is_damage_error, retry_aft
 from batchfit.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compat import import_nutpie
 from batchfit.config import OutputSettings
-from batchfit.errors import BatchfitError
+from batchfit.errors import BatchfitError, CachedPathUnsupported, one_line
 from batchfit.extras import warm_extras
 from batchfit.graphs import SamplerGraphs, compile_sampler_functions, sampler_key
 from batchfit.nopython import record_generic_fallbacks
@@ -51,6 +52,10 @@ NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
 # Exit code of a compile worker that failed reading a damaged cache file: the parent heals the
 # cache (one process, once every worker has exited) and builds the entry again.
 DAMAGED_EXIT = 3
+# Exit code of a compile worker whose model the cached path cannot take (`CachedPathUnsupported`):
+# the parent raises it, and the structure goes through nutpie's own compile. Any other failure
+# of a worker is batchfit's bug: the parent raises it with the worker's traceback.
+UNSUPPORTED_EXIT = 4
 
 # What numba and PyTensor read once, when imported: the cache's directories (`open_cache`) and
 # numba's CPU target (`batchfit.cputarget`). A compile worker may start before its parent has
@@ -107,6 +112,9 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     Every part but "logp" also runs the per-process functions and the optional ``outputs`` once,
     so that what the fit stage compiles through PyTensor lands in PyTensor's numba cache too.
     """
+    # Not at the top: a compile worker imports this module before it is told numba's environment.
+    from numba.core.errors import NumbaError
+
     clock = _StageClock(key)
     with record_generic_fallbacks() as fallbacks:
         spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
@@ -114,15 +122,21 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
         # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
         ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
-        raise BatchfitError(f"the model uses an operation with no numba implementation ({ops}), which numba "
-                            "runs in object mode and batchfit's cached callbacks cannot call")
+        raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
+                                    "numba runs in object mode and batchfit's cached callbacks cannot call")
     clock.stage("log density, gradient and expansion functions")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind in PARTS[part]:
-            make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
+            try:
+                make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
+            except NumbaError as exc:
+                unsupported = numba_failure_of_the_model(exc, kind)
+                if unsupported is None:
+                    raise
+                raise unsupported from exc
             if not list(cache.numba_dir.glob(f"batchfit_{kind}*-{key}.*.nbc")):
-                raise BatchfitError(
+                raise CachedPathUnsupported(
                     f"numba could not cache the {kind} callback; the model uses an operation that "
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
@@ -133,6 +147,20 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
         warm_extras(model, outputs)
         clock.stage("optional outputs")
     return {"spec": spec.to_json()}
+
+
+def numba_failure_of_the_model(exc: Exception, kind: str) -> CachedPathUnsupported | None:
+    """``exc``, from numba compiling a callback, as a failure of the model's graph (numba cannot type
+    one of PyTensor's implementations of its operations), or None when it is batchfit's own.
+
+    numba's message lists the places it was typing, innermost first (``File "...", line N``);
+    the callback's own source is compiled under the name ``batchfit_{kind}`` (`make_callback`):
+    if the innermost place is there, the callback itself is wrong, which is a bug.
+    """
+    places = re.findall(r'File "([^"]+)", line \d+', str(exc))
+    if not places or places[0] == f"batchfit_{kind}":
+        return None
+    return CachedPathUnsupported(f"numba cannot compile the model's graph inside the {kind} callback: {one_line(exc)}")
 
 
 class _StageClock:
@@ -260,13 +288,18 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
                                 f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
         warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
         procs = {"all": _run_worker(_told(Standby(__name__, 1)).take(1)[0], [*argv, "--part", "all"], "all")}
+    for proc in procs.values():
+        if proc.returncode == UNSUPPORTED_EXIT:
+            raise CachedPathUnsupported(_result(proc)["unsupported"])
     for part, proc in procs.items():
         if proc.returncode != 0:
             detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
-            raise BatchfitError(f"compiling the model failed in the compile worker ({part}): {detail}")
+            failure = RuntimeError(f"the compile worker ({part}) failed: {detail}")
+            failure.add_note(f"the worker's output:\n{proc.stderr.rstrip()}")
+            raise failure
     manifests = [_result(proc)["manifest"] for proc in procs.values()]
     if any(manifest != manifests[0] for manifest in manifests):
-        raise BatchfitError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
+        raise RuntimeError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
     return manifests[0]
 
 
@@ -352,16 +385,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)
     if key != args.key:
-        print(f"the model built from {args.model_file} differs between processes (key {key[:12]} "
-              f"!= {args.key[:12]}): build_model must be deterministic", file=sys.stderr)
-        return 2
+        print(json.dumps({"unsupported": f"the model built from {args.model_file} differs between processes "
+                                         f"(key {key[:12]} != {args.key[:12]}): for the cached path, build_model "
+                                         "must build the same model from the same dataset every time"}))
+        return UNSUPPORTED_EXIT
     outputs = json.loads(args.outputs)
     try:
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
             bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))), args.part)
+    except CachedPathUnsupported as exc:
+        print(json.dumps({"unsupported": str(exc)}))
+        return UNSUPPORTED_EXIT
     except Exception as exc:
         if not is_damage_error(exc, cache):
-            raise
+            raise  # batchfit's bug: the traceback goes to the parent, which fails the structure with it
         # Not healed nor retried here: the parent heals once all workers are done (see build_in_child).
         print(json.dumps({"damaged": f"{type(exc).__name__}: {exc}"}))
         return DAMAGED_EXIT

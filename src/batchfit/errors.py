@@ -57,6 +57,30 @@ class CacheError(BatchfitError):
     """The compiled-function cache directory cannot be used safely."""
 
 
+class CachedPathUnsupported(ModelContractError):
+    """The model uses what batchfit's cached path documents it cannot take (a shared variable that
+    is not ``pm.Data``, an operation numba runs in object mode or cannot cache, ...).
+
+    The one failure of the cached path that falls back to nutpie's own compile, which is what
+    ``pm.sample(nuts_sampler="nutpie")`` runs: every other exception there is batchfit's bug and
+    fails the dataset with its traceback (issue #43).
+    """
+
+
+class SamplerFailure(BatchfitError):
+    """nutpie failed on a model: its sampler while sampling (no finite starting point, ...), or its
+    own ``compile_pymc_model``: what ``pm.sample(nuts_sampler="nutpie")`` meets too. On the cached
+    path the dataset is sampled again through nutpie's own compile, which says whether
+    ``pm.sample`` fails on it as well."""
+
+
+def is_expected(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure batchfit expects of a model, a dataset or the machine (its own
+    errors, which say what to fix, and OS errors such as a full disk), rather than a bug of its own,
+    which is logged at ERROR and recorded with its whole traceback."""
+    return isinstance(exc, (BatchfitError, OSError))
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line, without the native stack trace nutpie appends to its errors."""
     text = str(exc).split("Stack backtrace:")[0]

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import time
+import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,15 @@ from batchfit.compat import import_nutpie, nutpie_trace, wait_for_sampler_thread
 from batchfit.compile import ModelSource
 from batchfit.config import Config
 from batchfit.data import Dataset, check_dataset, coerce_for_model, discover_datasets, load_dataset
-from batchfit.errors import BatchfitError, ConfigError, ModelContractError, one_line
+from batchfit.errors import (
+    BatchfitError,
+    CachedPathUnsupported,
+    ConfigError,
+    ModelContractError,
+    SamplerFailure,
+    is_expected,
+    one_line,
+)
 from batchfit.fingerprint import structure_of
 from batchfit.lanes import LANE_STAGE, lanes
 from batchfit.modelfile import (
@@ -43,7 +52,7 @@ from batchfit.modelfile import (
 from batchfit.netcdf_writer import write_datatree
 from batchfit.provenance import Provenance, dataset_provenance, file_sha256, record, sidecar_path, sweep_parts
 from batchfit.standby import Standby
-from batchfit.structures import CACHED, NUTPIE, PYMC, Structure, Structures
+from batchfit.structures import CACHED, FAILED, NUTPIE, PYMC, Structure, Structures
 from batchfit.variables import ROLE_ATTR, select_vars, variable_roles
 
 log = logging.getLogger("batchfit")
@@ -120,6 +129,8 @@ class Outcome:
     stage: str | None = None
     error_type: str | None = None
     message: str | None = None
+    traceback: str = ""  # an unexpected error's (`errors.is_expected`): batchfit's bug, to report
+    fallback: str = ""  # a fitted dataset's: why it was not sampled on batchfit's cached path
 
 
 @dataclass
@@ -154,7 +165,8 @@ class Sampling:
         except TimeoutError:  # nutpie 0.16 raises this, instead of returning False, while chains run
             return False
         except Exception as exc:  # noqa: BLE001 - it raises the sample's own error (e.g. no initial point) here
-            self.error = exc  # for `Fitter.result`, which then tries nutpie's own compile
+            self.error = SamplerFailure(one_line(exc))  # for `Fitter.result`, which then tries nutpie's own compile
+            self.error.__cause__ = exc
             return True
 
     def cancel(self) -> None:
@@ -186,6 +198,8 @@ class Fitter:
         """How the reference structure was obtained, for the job's log and manifest."""
         if self.reference.compiled is not None:
             return self.reference.compiled.report.line()
+        if self.reference.path == FAILED:
+            return f"compiling structure {self.reference.id[:12]} failed ({one_line(self.reference.error)})"
         if self.reference.path == PYMC:
             return f"pm.sample's own step methods for structure {self.reference.id[:12]} ({self.reference.reason})"
         return f"nutpie's own compile for structure {self.reference.id[:12]} ({self.reference.reason})"
@@ -228,14 +242,14 @@ class Fitter:
     def sampling(self, model: Any, dataset: Dataset, structure: Structure) -> Sampling:
         """Everything a dataset's sample needs but the threads: its seed and nutpie sampler model.
 
-        An error building the sampler model is kept for `result`, which then tries nutpie's own compile.
+        A dataset the cached path cannot take is kept for `result`, which tries nutpie's own compile.
         """
         sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
         if structure.path == PYMC:  # pm.sample builds its own sampler, in `result`
             return sampling
         try:
             sampling.model = structure.sampler_model(model)
-        except Exception as exc:  # noqa: BLE001 - `result` retries it or reports it with the dataset
+        except (CachedPathUnsupported, SamplerFailure) as exc:
             sampling.error = exc
         return sampling
 
@@ -243,43 +257,43 @@ class Fitter:
         """Start sampling in nutpie's own threads (outside the GIL) and return at once."""
         if sampling.error is not None or sampling.model is None:  # nothing to start (PyMC's path samples in `result`)
             return
-        try:
-            sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
-        except Exception as exc:  # noqa: BLE001 - as in `sampling`
-            sampling.error = exc
+        sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
 
     def result(self, sampling: Sampling, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
                provenance: Provenance) -> Any:
         """Wait for a started sample and return the dataset's DataTree.
 
-        If batchfit's cached path fails on the dataset, it is sampled again through nutpie's own
-        compile, which is what ``pm.sample(nuts_sampler="nutpie")`` runs: a dataset only fails
-        when pm.sample would fail on it too, and its error says so.
+        If the cached path cannot take the dataset (`CachedPathUnsupported`) or nutpie's sampler
+        fails on it there (`SamplerFailure`), it is sampled again through nutpie's own compile,
+        which is what ``pm.sample(nuts_sampler="nutpie")`` runs: a dataset only fails when pm.sample
+        would fail on it too, and its error says so; the fit records why it fell back. Any other
+        exception is batchfit's bug, and fails the dataset with its traceback.
         """
-        seed, path = sampling.seed, structure.path
+        seed, path, fallback = sampling.seed, structure.path, structure.reason or ""
         if path == PYMC:
             return self.finish(self._pymc_sample(model, dataset, seed), model, dataset, structure, seed,
-                               provenance, path)
+                               provenance, path, fallback)
         try:
             if sampling.error is not None:
                 raise sampling.error
-            tree = nutpie_trace(sampling.sampler, sampling.model)
-        except Exception as first:
+            tree = sampled_trace(sampling.sampler, sampling.model)
+        except (CachedPathUnsupported, SamplerFailure) as first:
             if path != CACHED:
                 raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) through nutpie's "
                                     "own compile, which is what pm.sample(nuts_sampler='nutpie') runs, so it fails "
                                     f"there too: {one_line(first)}{hint(one_line(first))}") from first
+            fallback = one_line(first)
             log.warning("%s: batchfit's cached path failed (%s); sampling it through nutpie's own compile",
-                        dataset.id, one_line(first))
+                        dataset.id, fallback)
             try:
                 tree, path = self._nutpie_sample(structure.nutpie_model(model), seed, threads), NUTPIE
-            except Exception as second:
+            except SamplerFailure as second:
                 raise BatchfitError(
                     f"sampling failed for dataset '{dataset.id}' ({dataset.path}) on batchfit's cached path "
-                    f"({one_line(first)}) and through nutpie's own compile, which is what "
+                    f"({fallback}) and through nutpie's own compile, which is what "
                     f"pm.sample(nuts_sampler='nutpie') runs: {one_line(second)}{hint(one_line(second))}"
                 ) from second
-        return self.finish(tree, model, dataset, structure, seed, provenance, path)
+        return self.finish(tree, model, dataset, structure, seed, provenance, path, fallback)
 
     def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
                provenance: Provenance) -> Any:
@@ -303,7 +317,7 @@ class Fitter:
         if not blocking:
             return sampler
         try:
-            return nutpie_trace(sampler, sampler_model)
+            return sampled_trace(sampler, sampler_model)
         except Exception:  # as nutpie.sample(blocking=True) does
             sampler.cancel()
             raise
@@ -330,7 +344,7 @@ class Fitter:
                                 f"PyMC's own step methods, so pm.sample fails on it too: {one_line(exc)}") from exc
 
     def finish(self, tree: Any, model: Any, dataset: Dataset, structure: Structure, seed: int,
-               provenance: Provenance, path: str) -> Any:
+               provenance: Provenance, path: str, fallback: str) -> Any:
         """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
         import xarray as xr
 
@@ -356,9 +370,19 @@ class Fitter:
             "compile_key": structure.key,
             "structure": structure.id,
             "sampler_path": path,
+            "fallback": fallback,  # why not batchfit's cached path ('' when it was)
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
+
+
+def sampled_trace(sampler: Any, model: Any) -> Any:
+    """The DataTree of a started nutpie sampler; what its chains raise is a `SamplerFailure`."""
+    try:
+        raw = sampler.wait()
+    except Exception as exc:
+        raise SamplerFailure(one_line(exc)) from exc
+    return nutpie_trace(sampler, raw, model)
 
 
 def kept_variables(config: Config, roles: Mapping[str, str]) -> list[str]:
@@ -542,6 +566,9 @@ def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> Data
         job.model = fitter.build(job.dataset)
         job.stage = "compile"
         job.structure = fitter.structure(job.model, job.dataset)
+        if job.structure.error is not None:
+            raise RuntimeError(f"compiling model structure {job.structure.id[:12]} failed: "
+                               f"{one_line(job.structure.error)}") from job.structure.error
         job.stage = "sample"
         job.sampling = fitter.sampling(job.model, job.dataset, job.structure)
     except Exception as exc:  # noqa: BLE001 - isolate the dataset; the failure record says what to fix
@@ -564,16 +591,25 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - as in `_prepare`
         return _failed(config, job, exc)
     config.failure_path(job.id).unlink(missing_ok=True)
-    return Outcome(job.id, "ok", time.perf_counter() - job.started)
+    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"])
 
 
 def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
-    """Record a dataset's failure (and drop its stale fit); the Outcome names the stage and the fix."""
+    """Record a dataset's failure (and drop its stale fit); the Outcome names the stage and the fix.
+
+    An unexpected exception (`errors.is_expected`) is batchfit's bug: logged at ERROR with its
+    traceback, which its failure record keeps too, never retried another way.
+    """
     message = one_line(exc)
+    trace = ""
+    if not is_expected(exc):
+        trace = "".join(traceback.format_exception(exc))
+        log.error("%s: batchfit failed at %s, a bug to report with this traceback:\n%s", job.id, job.stage, trace)
     if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
         message = (f"{job.stage} failed for dataset '{job.id}' (file {job.path}): "
                    f"{message}{hint(message)}")
-    outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message)
+    outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message,
+                      trace)
     record_failed(config, outcome, job.path)
     return outcome
 
@@ -622,7 +658,7 @@ def hint(message: str) -> str:
 def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
     """Write a dataset's failure record atomically (read by collect into failures.csv)."""
     record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
-              "error_type": outcome.error_type, "message": outcome.message}
+              "error_type": outcome.error_type, "message": outcome.message, "traceback": outcome.traceback}
     with atomic_path(config.failure_path(outcome.dataset)) as tmp:
         tmp.write_text(json.dumps(record, indent=1))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchfit.callbacks import Slot, WrapperSpec, wrapper_source
-from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.errors import CachedPathUnsupported, ModelContractError
 from batchfit.fingerprint import environment_fingerprint, graph_fingerprint, structure_of
 
 
@@ -25,7 +25,7 @@ def slot_of(var: Any, model: Any) -> Slot:
             return Slot("dim", name, var.type.ndim, var.type.dtype)
     if var.name in model.named_vars and model.named_vars[var.name] is var:
         return Slot("data", var.name, var.type.ndim, var.type.dtype)
-    raise ModelContractError(
+    raise CachedPathUnsupported(
         f"the model reads the shared variable '{var.name}', which is neither a pm.Data container "
         "nor a dimension length: batchfit cannot swap it between datasets. Wrap the array in "
         f"pm.Data('{var.name}', data['{var.name}'])."
@@ -128,8 +128,8 @@ def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None) -
         expand=(*graphs.spec.expand[:n_params], *(slot_of(v, model) for v in expand_fn.get_shared())),
     )
     if compiled != graphs.spec:  # the key covered the predicted callback source: it must be the real one
-        raise BatchfitError(f"PyTensor ordered the compiled functions' data inputs unexpectedly: "
-                            f"{compiled} != {graphs.spec}")
+        raise RuntimeError(f"PyTensor ordered the compiled functions' data inputs unexpectedly: "
+                           f"{compiled} != {graphs.spec}")
     return graphs.spec, logp_fn, expand_fn
 
 

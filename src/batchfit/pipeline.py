@@ -22,7 +22,7 @@ from batchfit.atomic import atomic_path
 from batchfit.config import AUTO, Config, check_model_file, config_from_dict
 from batchfit.cputarget import apply_cpu_target
 from batchfit.data import DatasetFiles, discover_datasets
-from batchfit.errors import BatchfitError
+from batchfit.errors import BatchfitError, is_expected
 from batchfit.lanes import lane_count
 from batchfit.provenance import expected_digests, recorded_digest, write_planned
 from batchfit.standby import Standby, compile_workers
@@ -208,8 +208,9 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
                       provenance=fitter.provenance(ref.id, ref.path))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
         after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
-        log.warning("measuring a fit of %s failed (%s); fit jobs get default resources", ref.id,
-                    one_line(exc))
+        log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
+                "measuring a fit of %s failed (%s); fit jobs get default resources", ref.id, one_line(exc),
+                exc_info=None if is_expected(exc) else exc)
         return None
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

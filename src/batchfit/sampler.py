@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from batchfit.callbacks import Slot, WrapperSpec
-from batchfit.compat import nutpie_model
+from batchfit.compat import coordinate_index, nutpie_model
 from batchfit.errors import ModelContractError
 from batchfit.fingerprint import structure_of
 from batchfit.graphs import slot_of, slot_variable
@@ -102,24 +102,6 @@ def nutpie_dims_and_coords(model: Any, names: Sequence[str], shapes: Sequence[tu
         if value_name in functions.reparameterized and rv.name in dims and same_shape:
             dims[value_name] = dims[rv.name]
     return dims, coords
-
-
-def coordinate_index(labels: Sequence[Any]) -> Any:
-    """Coordinate labels as a pandas Index of a type nutpie's trace accepts.
-
-    nutpie converts int64, float64 and text indexes (an int32 index, which PyMC keeps for
-    ``coords={"site": np.unique(codes)}`` of an int32 column, fails the whole sample with
-    "Could not convert to Value"); other labels become text.
-    """
-    import pandas as pd
-
-    index = pd.Index(list(labels))
-    kind = index.dtype.kind
-    if kind in "iu":
-        return index.astype("int64")
-    if kind == "f":
-        return index.astype("float64")
-    return pd.Index([str(label) for label in labels], dtype=object)
 
 
 class SamplerFunctions:

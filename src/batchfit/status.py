@@ -26,6 +26,7 @@ class SweepStatus:
 
     states: dict[str, str]
     estimate: str
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)  # fitted off the cached path: why -> ids
 
     def ids(self, state: str) -> list[str]:
         return [d for d, s in self.states.items() if s == state]
@@ -36,8 +37,15 @@ class SweepStatus:
         for state in (FAILED, PENDING):
             ids = self.ids(state)
             if ids:
-                lines.append(f"{state}: {', '.join(ids[:10])}{', ...' if len(ids) > 10 else ''}")
+                lines.append(f"{state}: {_ids(ids)}")
+        if self.fallbacks:
+            lines.append(f"fitted off batchfit's cached path: {sum(map(len, self.fallbacks.values()))} dataset(s)")
+            lines += [f"  {len(ids)} because {why}: {_ids(ids)}" for why, ids in self.fallbacks.items()]
         return [*lines, f"time left: {self.estimate}"]
+
+
+def _ids(ids: list[str]) -> str:
+    return f"{', '.join(ids[:10])}{', ...' if len(ids) > 10 else ''}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ def sweep_status(config: Config) -> SweepStatus:
     states = {d: state for d, (state, _) in _states(config).items()}
     pending = sum(s == PENDING for s in states.values())
     current = [d for d, s in states.items() if s == FITTED]
-    return SweepStatus(states, _estimate(config, pending, current))
+    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current))
 
 
 def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
@@ -137,6 +145,23 @@ def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
     return (f"about {_duration(median * pending)} of fitting for {pending} pending dataset(s) in one job "
             f"({median:.2f} s per dataset, the median of {len(seconds)} fit(s) in the batch manifests); "
             "jobs running side by side divide it")
+
+
+def _fallbacks(config: Config, fitted: list[str]) -> dict[str, list[str]]:
+    """Why each of ``fitted`` that was not sampled on the cached path was not, from the batch
+    manifests (the newest outcome of a dataset counts)."""
+    latest: dict[str, str] = {}
+    for path in sorted((config.results_dir / "batches").glob("*.json"), key=lambda p: _mtime_ns(p) or 0):
+        try:
+            outcomes = json.loads(path.read_text())["datasets"]
+            latest.update({d: str(o.get("fallback", "")) for d, o in outcomes.items() if o.get("status") == "ok"})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a manifest being written, or damaged: the others suffice
+    found: dict[str, list[str]] = {}
+    for dataset_id in fitted:
+        if latest.get(dataset_id):
+            found.setdefault(latest[dataset_id], []).append(dataset_id)
+    return found
 
 
 def _timed_fits(config: Config) -> list[float]:

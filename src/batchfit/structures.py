@@ -23,10 +23,10 @@ import numpy as np
 
 from batchfit.cache import CacheDir
 from batchfit.cache_heal import retry_after_healing
-from batchfit.compat import import_nutpie
+from batchfit.compat import import_nutpie, with_labels
 from batchfit.compile import ModelSource, compile_model
 from batchfit.config import Config
-from batchfit.errors import ModelContractError, one_line
+from batchfit.errors import CachedPathUnsupported, ModelContractError, SamplerFailure, one_line
 from batchfit.extras import ExtraGroups
 from batchfit.fingerprint import structure_of
 from batchfit.modelfile import data_containers, swappable_inputs
@@ -39,6 +39,7 @@ log = logging.getLogger("batchfit")
 CACHED = "cached"  # batchfit's callbacks from the shared cache
 NUTPIE = "nutpie"  # nutpie's compile_pymc_model, as pm.sample runs it
 PYMC = "pymc"  # pm.sample with PyMC's own step methods: for discrete free variables
+FAILED = "failed"  # compiling it failed in batchfit's own code: its datasets fail with the traceback
 
 
 @dataclass
@@ -48,9 +49,10 @@ class Structure:
     id: str
     path: str
     template: Any
-    extras: ExtraGroups
+    extras: ExtraGroups | None  # None on the FAILED path
     compiled: CompiledModel | None = None
     reason: str | None = None  # why the cached path could not take it (or nutpie's, on PyMC's path)
+    error: BaseException | None = None  # on the FAILED path: batchfit's bug, which fails its datasets
     _nutpie: dict[tuple, Any] = field(default_factory=dict)
     _loader: SamplerFunctions | None = None
 
@@ -79,7 +81,11 @@ class Structure:
         variant = _sizes_and_baked_values(model)
         compiled = self._nutpie.get(variant)
         if compiled is None:
-            compiled = import_nutpie().compile_pymc_model(model)
+            try:
+                compiled = import_nutpie().compile_pymc_model(model)
+            except Exception as exc:
+                raise SamplerFailure(f"nutpie's compile_pymc_model failed: {one_line(exc)}") from exc
+            compiled = with_labels(compiled)
             self._nutpie[variant] = compiled
             return compiled
         names = {var.name for var in compiled.shared_var_keys}
@@ -217,10 +223,12 @@ class Structures:
         return structure
 
     def _compile(self, structure_id: str, model: Any, source: ModelSource) -> Structure:
+        """The structure compiled into the cache; on nutpie's path if the cached path documents it
+        cannot take it (`CachedPathUnsupported`); FAILED, with the error, if batchfit's code failed."""
         try:
             compiled = compile_model(model, self.cache, source=source, lock_timeout=self.config.cache.lock_timeout,
                                      workers=self.compile_workers)
-        except Exception as exc:  # noqa: BLE001 - any reason the cached path cannot take it: nutpie's path may
+        except CachedPathUnsupported as exc:
             compiled, reason = None, one_line(exc)
             warnings.warn(
                 f"model structure {structure_id[:12]} (first met in dataset '{source.dataset_id}') is fitted "
@@ -228,6 +236,10 @@ class Structures:
                 f"cannot take it: {reason}. Fits of this structure compile in every job.",
                 stacklevel=2,
             )
+        except Exception as exc:  # noqa: BLE001 - batchfit's bug: every dataset of the structure fails with it
+            log.error("compiling model structure %s (first met in dataset '%s') failed, a bug to report with "
+                      "this traceback", structure_id[:12], source.dataset_id, exc_info=exc)
+            return Structure(structure_id, FAILED, model, None, error=exc)
         extras = self._extras(model)
         if compiled is None:
             return Structure(structure_id, NUTPIE, model, extras, reason=reason)
