@@ -271,6 +271,23 @@ def test_the_simulations_follow_the_coding_of_the_template_only(tmp_path: Path, 
         assert all(v == [*ALL_GROUPS, "g10"] for v in new_labels.values())
 
 
+@pytest.mark.slow
+def test_ranks_refuse_a_simulator_that_labels_a_dimension_otherwise(tmp_path: Path, session_cache: Path) -> None:
+    """A simulator whose `groups` lists the template's labels in another order than the fitted model
+    would have each true value ranked among another group's draws: an error naming both orders."""
+    from batchfit.errors import ModelContractError
+
+    raw = _write_sweep(tmp_path, session_cache, 2, grouped=True)
+    raw["columns"] = {"group": {"scope": "dataset"}}
+    (tmp_path / "simulator.py").write_text(GROUPED_MODEL.format(groups='data.coords["group"][::-1]'))
+    raw["sbc"]["simulator"] = str(tmp_path / "simulator.py")
+    levels = _template_levels(tmp_path, raw["columns"])
+    with pytest.raises(ModelContractError, match=(
+            rf"dimension 'groups' of variable 'z' has the labels \[{', '.join(levels[::-1])}\] in the simulator "
+            rf".* but \[{', '.join(levels)}\] in the fit of sim-00000")):
+        run_sbc(config_from_dict(raw))
+
+
 def test_a_simulated_text_column_is_written_as_the_templates_labels(tmp_path: Path, session_cache: Path) -> None:
     """An observed text column (a categorical answer) is simulated as codes and written as their
     labels, which the simulated sweep codes back with the template's labels; a text column the

@@ -190,6 +190,7 @@ class Simulator:
         self.dataset = dataset
         model = build_model(load_model_file(generator_file(config)), self.dataset)
         self.parameters = [v.name for v in (*model.free_RVs, *model.deterministics)]
+        self.coords = {name: _named_coords(model, name) for name in self.parameters}
         self.columns = observed_columns(model, generator_file(config))
         outputs = [*model.free_RVs, *model.deterministics, *model.observed_RVs]
         self.names = [v.name for v in outputs]
@@ -212,6 +213,16 @@ class Simulator:
         truth = {name: values[name] for name in self.parameters}
         observed = {column: values[rv] for rv, column in self.columns.items()}
         return truth, observed
+
+
+def _named_coords(model: Any, name: str) -> dict[str, list[Any]]:
+    """The labels of each named dimension of variable ``name`` that has them (JSON-able)."""
+    coords = {}
+    for dim in model.named_vars_to_dims.get(name, ()):
+        labels = model.coords.get(dim) if dim is not None else None
+        if labels is not None:
+            coords[dim] = [v.item() if isinstance(v, np.generic) else v for v in labels]
+    return coords
 
 
 def generator_file(config: Config) -> Path:
@@ -288,7 +299,8 @@ def simulate(config: Config) -> SimulationReport:
         write_simulated(simulator.dataset, observed, paths[sim])
         record = {"simulation": sim, "digest": digests[sim], "data_sha256": file_sha256(paths[sim]),
                   "generator": str(generator_file(config)), "template": simulator.dataset.id,
-                  "truth": {name: value.tolist() for name, value in truth.items()}}
+                  "truth": {name: value.tolist() for name, value in truth.items()},
+                  "coords": simulator.coords}
         with atomic_path(truth_path(config, sim)) as tmp:  # last: a killed run leaves the simulation to redo
             tmp.write_text(json.dumps(record))
     return SimulationReport(len(todo), len(paths) - len(todo))
@@ -456,7 +468,9 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     dims: dict[str, tuple[str, ...]] = {}
     n_draws = 0
     for sim in fitted:
-        truth = json.loads(truth_path(config, sim).read_text())["truth"]
+        record = json.loads(truth_path(config, sim).read_text())
+        truth = record["truth"]
+        truth_coords = record.get("coords", {})  # none in truth files written before they were recorded
         with netCDF4.Dataset(sweep.fit_path(sim)) as nc:
             nc.set_auto_mask(False)
             posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))
@@ -477,13 +491,34 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
                 raise ModelContractError(
                     f"variable {name!r} has shape {true.shape} in the simulator but {draws.shape[1:]} in the "
                     f"fit of {sim} ({sweep.fit_path(sim)})")
+            dims[str(name)] = tuple(d for d in var.dims if d not in ("chain", "draw"))
+            coords[str(name)] = {d: posterior[d].values for d in dims[str(name)] if d in posterior.coords}
+            _check_labels(str(name), truth_coords.get(name, {}), coords[str(name)],
+                          f"the simulator ({generator_file(config)})", f"the fit of {sim} ({sweep.fit_path(sim)})")
             less = (draws < true).sum(axis=0)
             ties = (draws == true).sum(axis=0)  # discrete parameters: spread ties uniformly
             ranks.setdefault(str(name), []).append(less + rng.integers(0, ties + 1))
-            dims[str(name)] = tuple(d for d in var.dims if d not in ("chain", "draw"))
-            coords[str(name)] = {d: posterior[d].values for d in dims[str(name)] if d in posterior.coords}
             n_draws = draws.shape[0]
     return {name: Ranked(np.stack(r), dims[name], coords[name]) for name, r in ranks.items()}, n_draws
+
+
+def _check_labels(name: str, simulated: Mapping[str, Sequence[Any]], fitted: Mapping[str, Any],
+                  simulator: str, fit: str) -> None:
+    """A dimension of ``name`` that both the simulator and the fit label must have the same labels in
+    the same order: otherwise a true value would be ranked among another element's draws."""
+    for dim, labels in simulated.items():
+        if dim not in fitted:
+            continue
+        drawn, fitted_labels = [str(v) for v in labels], [str(v) for v in fitted[dim]]
+        if drawn != fitted_labels:
+            raise ModelContractError(
+                f"dimension {dim!r} of variable {name!r} has the labels {_some(drawn)} in {simulator} but "
+                f"{_some(fitted_labels)} in {fit}: a true value would be ranked among another element's "
+                f"draws; give both models the same coordinates")
+
+
+def _some(labels: Sequence[str]) -> str:
+    return "[" + ", ".join(labels[:6]) + (", ...]" if len(labels) > 6 else "]")
 
 
 @dataclass(frozen=True)
