@@ -353,16 +353,29 @@ def test_a_template_that_is_not_a_dataset_is_a_config_error(tmp_path: Path, sess
 
 @pytest.mark.slow
 def test_snakemake_sbc_target(tmp_path: Path, session_cache: Path) -> None:
-    raw = _write_sweep(tmp_path, session_cache, 6)
+    """Each fit job, a process of its own, codes the simulated files as the simulator coded the
+    template: with all 10 of the sweep's groups, of which the template holds 4."""
+    raw = _write_sweep(tmp_path, session_cache, 6, grouped=True)
     raw["batch_size"] = 3
-    (tmp_path / "config.yaml").write_text(json.dumps(raw))
-    run = subprocess.run(
-        [str(Path(sys.executable).with_name("snakemake")), "sbc", "--cores", "2", "--configfile",
-         str(tmp_path / "config.yaml")], cwd=REPO, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    assert run.returncode == 0, run.stderr[-3000:]
+
+    def run_sbc_target() -> pd.DataFrame:
+        (tmp_path / "config.yaml").write_text(json.dumps(raw))
+        run = subprocess.run(
+            [str(Path(sys.executable).with_name("snakemake")), "sbc", "--cores", "2", "--configfile",
+             str(tmp_path / "config.yaml")], cwd=REPO, capture_output=True, text=True, timeout=1200,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        assert run.returncode == 0, run.stderr[-3000:]
+        return pd.read_csv(root / "ranks.csv")
+
     root = tmp_path / "results" / "sbc"
+    ranks = run_sbc_target()
     assert (root / "verdict.txt").read_text().startswith("SBC ")
     assert len(list((root / "batches").glob("*.json"))) == 2  # two fit jobs of three simulations
-    assert len(pd.read_csv(root / "ranks.csv")) == 12
-    assert (root / "plots" / "mu.png").exists()
+    assert len(ranks) == 60 and set(ranks["parameter"]) == {f"z[{g}]" for g in _template_levels(tmp_path, {})}
+    assert (root / "plots" / "z.png").exists()
+    # A dataset with a label new to the sweep gives the template an eleventh group: the checkpoint
+    # draws every simulation again, and they are fitted with it.
+    pd.DataFrame({"group": ["g10"], "y": [0.5]}).to_csv(tmp_path / "b.csv", index=False)
+    raw["datasets"].append(str(tmp_path / "b.csv"))
+    ranks = run_sbc_target()
+    assert len(ranks) == 66 and set(ranks["parameter"]) == {f"z[g{i:02d}]" for i in range(11)}

@@ -127,6 +127,18 @@ def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
     return dataset, {name: list(dataset.coords[name]) for name in coding.for_dataset(template_id)}
 
 
+def template_sweep_coding(config: Config) -> dict[str, Any]:
+    """How the sweep codes the template's text columns (`batchfit.coding.Coding.for_dataset`).
+
+    Read from the label registry without loading the template: it changes whenever the
+    template's levels (`template_levels`) may, so Snakemake's simulation checkpoint watches it.
+    """
+    from batchfit.coding import sweep_coding
+
+    template_id, _ = template(config)
+    return sweep_coding(config, discover_datasets(config)).for_dataset(template_id)
+
+
 def template_coding_path(config: Config) -> Path:
     """Where `simulate` records the levels the simulated datasets are coded with."""
     return sbc_root(config) / TEMPLATE_CODING_NAME
