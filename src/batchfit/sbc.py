@@ -13,9 +13,15 @@ sweep of real data:
   and ``{results}/sbc/truth/sim-NNNNN.json`` (the true values). A simulation whose truth file
   records the current inputs' digest and its data file's sha256 is never rewritten, so raising
   ``n_simulations`` leaves the existing files, hence their fits, untouched.
-* `sbc_config` is the user's config with those files as ``datasets`` and ``{results}/sbc`` as
-  ``results_dir``: `batchfit.pipeline.plan` and `batchfit.fit.fit_batch` fit only what is
-  pending, so a killed run resumes and more simulations fit only the new ones.
+* The template is coded as the sweep codes it (`template_levels`): a sweep-wide text column has
+  every label of the sweep, those the template lacks included. Those levels are recorded in
+  ``{results}/sbc/template_coding.json``, and the simulated sweep codes every simulated file by
+  exactly them, in every process: left to find its own levels in the simulated files, it would
+  see only the template's labels, and build another model than the simulator's.
+* `sbc_config` is the user's config with those files as ``datasets``, ``{results}/sbc`` as
+  ``results_dir`` and the recorded levels as ``columns``: `batchfit.pipeline.plan` and
+  `batchfit.fit.fit_batch` fit only what is pending, so a killed run resumes and more
+  simulations fit only the new ones.
 * `rank_simulations` ranks each true value among the thinned posterior draws for every scalar
   element of every free parameter and deterministic, tests uniformity with ArviZ's simultaneous
   ECDF bands (Säilynoja, Bürkner & Vehtari 2022) and writes ``ranks.csv``, ``ranks.nc``,
@@ -39,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from batchfit.atomic import atomic_path
-from batchfit.config import Config
+from batchfit.config import ColumnSettings, Config
 from batchfit.data import Dataset, discover_datasets, load_dataset, table_kind
 from batchfit.errors import BatchfitError, ConfigError, ModelContractError
 from batchfit.python_mode import python_mode
@@ -48,6 +54,7 @@ log = logging.getLogger("batchfit")
 
 SIM_PREFIX = "sim-"
 RANKS_GROUP = "prior_sbc"  # the group simuk writes and arviz_plots.plot_ecdf_pit reads
+TEMPLATE_CODING_NAME = "template_coding.json"
 
 
 def sbc_root(config: Config) -> Path:
@@ -90,12 +97,74 @@ def data_paths(config: Config) -> dict[str, Path]:
 def sbc_config(config: Config) -> Config:
     """The sweep of the simulated datasets: same model, sampler, cache and outputs; its own results.
 
-    The simulated files must exist (see `simulate`): `discover_datasets` checks them.
-    ``on_error`` is always ``continue``: a failed fit is an SBC result to count, not a reason to stop.
+    Its ``columns`` list, for each text column of the template, the levels the simulator coded
+    it with (recorded by `simulate`), so every job of it, in any process, gives each simulated
+    file the template's codes and ``data.coords``. The simulated files must exist (see
+    `simulate`): `discover_datasets` checks them. ``on_error`` is always ``continue``: a failed
+    fit is an SBC result to count, not a reason to stop.
     """
+    # A column without any label in the template (empty) has no list to give: coded within each
+    # simulated file, it is as empty there, so it gets no levels either, as in the template.
+    columns = {name: ColumnSettings(levels=tuple(labels), order="listed") if labels else ColumnSettings(scope="dataset")
+               for name, labels in recorded_levels(config).items()}
     return dataclasses.replace(
         config, datasets=tuple(str(p) for p in data_paths(config).values()),
-        results_dir=sbc_root(config), on_error="continue")
+        results_dir=sbc_root(config), on_error="continue", columns=columns)
+
+
+def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
+    """The template loaded as the sweep codes it, and the labels of each of its text columns in code order.
+
+    A column coded for the whole sweep (the default) has every label of the sweep, those the
+    template lacks included; one with ``scope: dataset`` has the template's own labels.
+    """
+    from batchfit.coding import sweep_coding
+
+    template_id, template_path = template(config)
+    coding = sweep_coding(config, discover_datasets(config))
+    dataset = load_dataset(template_id, template_path, coding)
+    return dataset, {name: list(dataset.coords[name]) for name in coding.for_dataset(template_id)}
+
+
+def template_sweep_coding(config: Config) -> dict[str, Any]:
+    """How the sweep codes the template's text columns (`batchfit.coding.Coding.for_dataset`).
+
+    Read from the label registry without loading the template: it changes whenever the
+    template's levels (`template_levels`) may, so Snakemake's simulation checkpoint watches it.
+    """
+    from batchfit.coding import sweep_coding
+
+    template_id, _ = template(config)
+    return sweep_coding(config, discover_datasets(config)).for_dataset(template_id)
+
+
+def template_coding_path(config: Config) -> Path:
+    """Where `simulate` records the levels the simulated datasets are coded with."""
+    return sbc_root(config) / TEMPLATE_CODING_NAME
+
+
+def recorded_levels(config: Config) -> dict[str, list[str]]:
+    """The levels of each text column of the template the simulations were drawn with (see `simulate`)."""
+    path = template_coding_path(config)
+    try:
+        return json.loads(path.read_text())["columns"]
+    except FileNotFoundError:
+        raise BatchfitError(f"sbc: {path} does not exist; simulate first (batchfit sbc or snakemake sbc)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BatchfitError(f"sbc: cannot read {path} ({exc}); delete it and simulate again") from None
+
+
+def _record_levels(config: Config, template_id: str, levels: Mapping[str, list[str]]) -> None:
+    """Record the template's levels for `sbc_config`, unless the record already says so."""
+    path = template_coding_path(config)
+    record = {"template": template_id, "columns": dict(levels)}
+    try:
+        if json.loads(path.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass  # none yet, or damaged: written now
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,24 +185,23 @@ class SimulationReport:
 class Simulator:
     """Draws (true parameters, observed data) from a model built on the template dataset.
 
-    The forward-sampling function is compiled once; each simulation reseeds its random
-    generators from ``(sbc.seed, simulation id)`` (as `batchfit.fit.dataset_seed` does for
-    fits), so a simulation never depends on which others were drawn before it.
+    The template comes loaded as the sweep codes it (`template_levels`). The forward-sampling
+    function is compiled once; each simulation reseeds its random generators from
+    ``(sbc.seed, simulation id)`` (as `batchfit.fit.dataset_seed` does for fits), so a
+    simulation never depends on which others were drawn before it.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, dataset: Dataset):
         from pymc.sampling.forward import compile_forward_sampling_function
         from pytensor.tensor.random.type import RandomGeneratorType
 
-        from batchfit.coding import sweep_coding
         from batchfit.modelfile import build_model, load_model_file
 
         self.config = config
-        template_id, template_path = template(config)
-        coding = sweep_coding(config, discover_datasets(config))
-        self.dataset = load_dataset(template_id, template_path, coding)
+        self.dataset = dataset
         model = build_model(load_model_file(generator_file(config)), self.dataset)
         self.parameters = [v.name for v in (*model.free_RVs, *model.deterministics)]
+        self.coords = {name: _named_coords(model, name) for name in self.parameters}
         self.columns = observed_columns(model, generator_file(config))
         outputs = [*model.free_RVs, *model.deterministics, *model.observed_RVs]
         self.names = [v.name for v in outputs]
@@ -158,16 +226,30 @@ class Simulator:
         return truth, observed
 
 
+def _named_coords(model: Any, name: str) -> dict[str, list[Any]]:
+    """The labels of each named dimension of variable ``name`` that has them (JSON-able)."""
+    coords = {}
+    for dim in model.named_vars_to_dims.get(name, ()):
+        labels = model.coords.get(dim) if dim is not None else None
+        if labels is not None:
+            coords[dim] = [v.item() if isinstance(v, np.generic) else v for v in labels]
+    return coords
+
+
 def generator_file(config: Config) -> Path:
     """The model file whose prior predictive generates the data: ``sbc.simulator`` or the model."""
     return config.sbc.simulator or config.model
 
 
-def simulation_digests(config: Config) -> dict[str, str]:
+def simulation_digests(config: Config, levels: Mapping[str, list[str]] | None = None) -> dict[str, str]:
     """Each simulation's digest of what determines it: the generator file, the user modules it
-    imports and the template file (by content), the template's label coding, the seed, its id
-    and the library versions. Cheap: builds nothing."""
-    from batchfit.coding import sweep_coding
+    imports and the template file (by content), the labels of the template's text columns in
+    code order (``levels``, default `template_levels`), the seed, its id and the library
+    versions. Cheap: reads the template, builds nothing.
+
+    The labels, not the coding's settings: a change that leaves the template's codes and
+    labels as they are (another dataset's new label of a ``scope: dataset`` column) changes
+    no simulation."""
     from batchfit.model_imports import user_imports
     from batchfit.provenance import file_sha256, versions
 
@@ -175,10 +257,11 @@ def simulation_digests(config: Config) -> dict[str, str]:
     if not generator_file(config).is_file():
         raise ConfigError(f"simulator file '{generator_file(config)}' does not exist", key="sbc.simulator",
                           source=config.source)
+    levels = template_levels(config)[1] if levels is None else levels
     inputs = {"generator_sha256": file_sha256(generator_file(config)),
               "generator_imports": user_imports(generator_file(config)), "template": template_id,
               "template_sha256": file_sha256(template_path), "seed": config.sbc.seed, "versions": versions(),
-              "coding": sweep_coding(config, discover_datasets(config)).for_dataset(template_id)}
+              "coding": dict(levels)}
     return {sim: hashlib.sha256(json.dumps({**inputs, "simulation": sim}, sort_keys=True).encode()).hexdigest()
             for sim in simulation_ids(config.sbc.n_simulations)}
 
@@ -207,22 +290,28 @@ def observed_columns(model: Any, model_file: Path) -> dict[str, str]:
 def simulate(config: Config) -> SimulationReport:
     """Write every missing or outdated simulated dataset and its truth file; keep the others as they are.
 
-    The simulator (a model build and a compile) is only made when something is to be written.
+    Records the levels the template is coded with for `sbc_config` first: a simulation drawn
+    with other levels has another digest, so a run killed after the record is rewritten draws
+    it again. The simulator (a model build and a compile) is only made when something is to be
+    written.
     """
     from batchfit.provenance import file_sha256
 
     paths = data_paths(config)
-    digests = simulation_digests(config)
+    dataset, levels = template_levels(config)
+    digests = simulation_digests(config, levels)
+    _record_levels(config, dataset.id, levels)
     todo = [sim for sim, path in paths.items() if not _up_to_date(config, sim, path, digests[sim])]
     if not todo:
         return SimulationReport(0, len(paths))
-    simulator = Simulator(config)
+    simulator = Simulator(config, dataset)
     for sim in todo:
         truth, observed = simulator.draw(sim)
         write_simulated(simulator.dataset, observed, paths[sim])
         record = {"simulation": sim, "digest": digests[sim], "data_sha256": file_sha256(paths[sim]),
                   "generator": str(generator_file(config)), "template": simulator.dataset.id,
-                  "truth": {name: value.tolist() for name, value in truth.items()}}
+                  "truth": {name: value.tolist() for name, value in truth.items()},
+                  "coords": simulator.coords}
         with atomic_path(truth_path(config, sim)) as tmp:  # last: a killed run leaves the simulation to redo
             tmp.write_text(json.dumps(record))
     return SimulationReport(len(todo), len(paths) - len(todo))
@@ -244,6 +333,8 @@ def write_simulated(template: Dataset, observed: Mapping[str, np.ndarray], path:
 
     Table columns are read as text and written back unchanged (labels such as '01' keep their
     form); simulated values are written with full precision, so the files are deterministic.
+    A simulated text column (codes) is written as its labels, which the simulated sweep codes
+    back to the same codes.
     """
     kind = table_kind(template.path)
     with atomic_path(path) as tmp:
@@ -261,7 +352,8 @@ def write_simulated(template: Dataset, observed: Mapping[str, np.ndarray], path:
         frame = (pd.read_csv(template.path, dtype=str, keep_default_na=False) if kind == "CSV"
                  else pd.read_parquet(template.path))
         for column, values in observed.items():
-            frame[column] = _shaped(values, (len(frame),), column, template)
+            values = _shaped(values, (len(frame),), column, template)
+            frame[column] = _labelled(values, column, template) if column in template.coords else values
         frame.to_csv(tmp, index=False)
 
 
@@ -271,6 +363,18 @@ def _shaped(values: np.ndarray, shape: tuple[int, ...], column: str, template: D
             f"the simulated {column!r} has shape {values.shape}, but column {column!r} of the template "
             f"dataset '{template.id}' ({template.path}) has shape {tuple(shape)}")
     return values
+
+
+def _labelled(codes: np.ndarray, column: str, template: Dataset) -> np.ndarray:
+    """Simulated codes of text column ``column`` as the template's labels of those codes."""
+    labels = np.asarray(template.coords[column], dtype=object)
+    valid = np.issubdtype(codes.dtype, np.integer) & (codes >= 0) & (codes < len(labels))
+    if not np.all(valid):
+        raise ModelContractError(
+            f"the simulated {column!r} holds {codes[~valid].ravel()[0].item()!r}, which is no code "
+            f"0..{len(labels) - 1} of the labels of text column {column!r} of the template dataset "
+            f"'{template.id}' ({template.path})")
+    return labels[codes]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,7 +479,9 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     dims: dict[str, tuple[str, ...]] = {}
     n_draws = 0
     for sim in fitted:
-        truth = json.loads(truth_path(config, sim).read_text())["truth"]
+        record = json.loads(truth_path(config, sim).read_text())
+        truth = record["truth"]
+        truth_coords = record.get("coords", {})  # none in truth files written before they were recorded
         with netCDF4.Dataset(sweep.fit_path(sim)) as nc:
             nc.set_auto_mask(False)
             posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))
@@ -396,13 +502,34 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
                 raise ModelContractError(
                     f"variable {name!r} has shape {true.shape} in the simulator but {draws.shape[1:]} in the "
                     f"fit of {sim} ({sweep.fit_path(sim)})")
+            dims[str(name)] = tuple(d for d in var.dims if d not in ("chain", "draw"))
+            coords[str(name)] = {d: posterior[d].values for d in dims[str(name)] if d in posterior.coords}
+            _check_labels(str(name), truth_coords.get(name, {}), coords[str(name)],
+                          f"the simulator ({generator_file(config)})", f"the fit of {sim} ({sweep.fit_path(sim)})")
             less = (draws < true).sum(axis=0)
             ties = (draws == true).sum(axis=0)  # discrete parameters: spread ties uniformly
             ranks.setdefault(str(name), []).append(less + rng.integers(0, ties + 1))
-            dims[str(name)] = tuple(d for d in var.dims if d not in ("chain", "draw"))
-            coords[str(name)] = {d: posterior[d].values for d in dims[str(name)] if d in posterior.coords}
             n_draws = draws.shape[0]
     return {name: Ranked(np.stack(r), dims[name], coords[name]) for name, r in ranks.items()}, n_draws
+
+
+def _check_labels(name: str, simulated: Mapping[str, Sequence[Any]], fitted: Mapping[str, Any],
+                  simulator: str, fit: str) -> None:
+    """A dimension of ``name`` that both the simulator and the fit label must have the same labels in
+    the same order: otherwise a true value would be ranked among another element's draws."""
+    for dim, labels in simulated.items():
+        if dim not in fitted:
+            continue
+        drawn, fitted_labels = [str(v) for v in labels], [str(v) for v in fitted[dim]]
+        if drawn != fitted_labels:
+            raise ModelContractError(
+                f"dimension {dim!r} of variable {name!r} has the labels {_some(drawn)} in {simulator} but "
+                f"{_some(fitted_labels)} in {fit}: a true value would be ranked among another element's "
+                f"draws; give both models the same coordinates")
+
+
+def _some(labels: Sequence[str]) -> str:
+    return "[" + ", ".join(labels[:6]) + (", ...]" if len(labels) > 6 else "]")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from batchfit.pipeline import (
     sweep_plan,
     write_plan,
 )
-from batchfit.sbc import sbc_config, sbc_root, template
+from batchfit.sbc import sbc_config, sbc_root, template, template_sweep_coding
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"

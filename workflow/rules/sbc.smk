@@ -12,6 +12,9 @@ checkpoint sbc_simulate:
     params:
         config_source=CONFIG_SOURCE,
         settings=SBC_SETTINGS,
+        # A rerun trigger: a label another dataset brings to a sweep-wide column of the template
+        # changes the model the simulations are drawn from (simulate redraws only what it changes).
+        coding=lambda wildcards: template_sweep_coding(BF),
     log:
         SBC / "logs" / "simulate.log",
     conda:
