@@ -118,6 +118,11 @@ def reason_counts(datasets: pd.DataFrame) -> dict[str, int]:
 
 
 def plot_health(health: SweepHealth, path: Path) -> None:
+    """Write `health_figure` to `path`."""
+    _save(health_figure(health), path)
+
+
+def health_figure(health: SweepHealth) -> Figure:
     """Bar charts: datasets per status, and warnings per threshold crossed."""
     counts, reasons = health.counts, health.reasons
     fig = Figure(figsize=(9, 3), layout="constrained")
@@ -133,7 +138,7 @@ def plot_health(health: SweepHealth, path: Path) -> None:
     for ax in (left, right):
         ax.set_xlabel("datasets")
         ax.set_xlim(0, max(1, *counts.values()) * 1.15)
-    _save(fig, path)
+    return fig
 
 
 def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[str]:
