@@ -46,6 +46,7 @@ _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
 # Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws
 # (4 variables x 400 draws) is ~3 MiB, and reading in blocks keeps the rule's memory flat in N.
+# Fewer for a vector variable, as many elements of each variable at once as datasets of a scalar.
 FOREST_BLOCK = 256
 
 
@@ -205,8 +206,9 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     of a vector (datasets may have different coordinates); the intervals as arviz-stats defines them
     (`batchfit.intervals`).
 
-    posteriors.nc is read `block` datasets at a time, only the forest variables and only the
-    elements each dataset has: the rule's memory is a block's draws, not the sweep's.
+    posteriors.nc is read `block` datasets at a time (a vector of n elements: ``block // n``),
+    only the forest variables and only the elements each dataset has: the rule's memory is a
+    block's draws, not the sweep's.
     """
     interval = intervals.of_kind(summary.ci_kind)
     parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]] = {}
@@ -216,8 +218,10 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
         with _posterior_group(posteriors_path) as stacked:
             names = forest_variables(stacked, settings, excluded_variables(posteriors_path))
             ids = [str(d) for d in stacked[DATASET_DIM].values]
+            widest = max((stacked[name][{DATASET_DIM: 0, "chain": 0, "draw": 0}].size for name in names), default=1)
         if not names:
             return {}  # and nothing to read: no variable is no block of datasets
+        block = max(1, block // widest)
         for start in range(0, len(ids), block):
             # The file is opened again for each block: HDF5's metadata cache and free lists of an
             # open file grow with the blocks read from it (by hand, reading 1,000 and 10,000
