@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import html
+import itertools
+import json
+import logging
 import os
 import shutil
 import subprocess
+import textwrap
 import zipfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import arviz_stats as azs
 import matplotlib.pyplot as plt
@@ -16,13 +22,25 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import yaml
 from test_pipeline import snakemake, write_sweep
 
+from batchfit.collect import collect
 from batchfit.combined import SweepLayout, fit_layout, stacked_writer
-from batchfit.config import ReportSettings, SummarySettings
+from batchfit.config import Config, ReportSettings, SummarySettings, config_from_dict
 from batchfit.errors import ConfigError
-from batchfit.plots import DATASET_COLUMNS, forest_figure, forest_rows, plot_health, read_health
-from batchfit.report import COUNTED, first_rows_by_status, fit_records, summary_page
+from batchfit.fit import fit_batch
+from batchfit.plots import (
+    DATASET_COLUMNS,
+    ForestRows,
+    forest_figure,
+    forest_rows,
+    health_figure,
+    plot_health,
+    read_health,
+    write_plots,
+)
+from batchfit.report import COUNTED, first_rows_by_status, fit_records, summary_page, write_report_pages
 from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -208,6 +226,240 @@ def test_fit_records_read_in_blocks_count_what_xarray_reads(tmp_path, block):
         expected = Counter(zip(*(info[key].values.astype(str) for key in keys), strict=True))
         assert records.counts[keys] == expected
         assert list(records.counts[keys].most_common()) == list(expected.most_common())  # ties in dataset order
+
+
+# --- plots and pages of every kind of model and sweep, on real fits -----------------------------------
+
+# No scalar free parameter: a vector over the dataset's groups and a matrix; a vector and a scalar
+# deterministic; `mu` an observation-sized one. LogNormal: a dataset with y <= 0 fails to sample.
+VECTOR_MODEL = textwrap.dedent("""
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model(coords={"groups": data.coords["group"], "k": ["level", "spread"]}) as model:
+            group = pm.Data("group", data["group"])
+            y = pm.Data("y", data["y"])
+            a = pm.Normal("a", 0.0, 2.0, dims="groups")
+            L = pm.Normal("L", 0.0, 1.0, dims=("groups", "k"))
+            pm.Deterministic("a_centered", a - a.mean(), dims="groups")
+            pm.Deterministic("a_range", a.max() - a.min())
+            mu = pm.Deterministic("mu", a[group] + 0.5 * L[group, 0])
+            pm.LogNormal("y_obs", mu, 1.0, observed=y, shape=y.shape)
+        return model
+""")
+# Each dataset's groups: their number and labels differ between datasets.
+VECTOR_GROUPS = {"s1": ["g0", "g1"], "s2": ["g0", "g1", "g2"], "s3": ["g1", "g2", "g3", "g4"]}
+VECTOR_SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 5}
+
+
+def write_vector_data(directory: Path, groups: dict[str, list[str]], *, failing: bool = False) -> None:
+    """A dataset per entry, 12 rows over its groups; `failing`: a y <= 0, which the model rules out."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(4)
+    for dataset_id, labels in groups.items():
+        y = np.exp(rng.normal(size=12)).round(4)
+        if failing:
+            y[1] = -1.0
+        pd.DataFrame({"group": [labels[i % len(labels)] for i in range(12)], "y": y}).to_csv(
+            directory / f"{dataset_id}.csv", index=False)
+
+
+def vector_settings(root: Path, cache: Path, **overrides: Any) -> dict[str, Any]:
+    """The config of a sweep of ``root/model.py`` (VECTOR_MODEL) over ``root/data``, results in ``root/results``."""
+    return {"model": str(root / "model.py"), "datasets": [str(root / "data" / "*.csv")], "sampler": VECTOR_SAMPLER,
+            "cache_dir": str(cache), "results_dir": str(root / "results"),
+            "columns": {"group": {"scope": "dataset"}}, **overrides}
+
+
+@pytest.fixture(scope="module")
+def vector_fits(tmp_path_factory, session_cache) -> Config:
+    """VECTOR_MODEL fitted once to the datasets of VECTOR_GROUPS; each test collects them in a sweep of its own."""
+    root = tmp_path_factory.mktemp("vector")
+    (root / "model.py").write_text(VECTOR_MODEL)
+    write_vector_data(root / "data", VECTOR_GROUPS)
+    config = config_from_dict(vector_settings(root, session_cache))
+    report = fit_batch(config, list(VECTOR_GROUPS), batch_id="all")
+    assert report.n_failed == 0, report.outcomes
+    return config
+
+
+def vector_sweep(fits: Config, root: Path, ids: Sequence[str], *, refit: bool = False, **overrides: Any) -> Config:
+    """A sweep of the datasets `ids` with its results in ``root/results``, collected with the config keys
+    `overrides`. Its fits are copies of those of `fits`, or with `refit` fitted again (for `outputs:`
+    settings, which shape a fit)."""
+    config = config_from_dict(vector_settings(fits.model.parent, fits.cache_dir, results_dir=str(root / "results"),
+                                              **overrides))
+    if refit:
+        report = fit_batch(config, list(ids), batch_id="refit")
+        assert report.n_failed == 0, report.outcomes
+    else:
+        for dataset_id in ids:
+            config.fit_path(dataset_id).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(fits.fit_path(dataset_id), config.fit_path(dataset_id))
+    collect(config, list(ids))
+    return config
+
+
+def fit_elements(config: Config, ids: Sequence[str], name: str) -> dict[str, xr.DataArray]:
+    """Each dataset's draws of each element of `name`, read from its fit and labelled as forest rows are."""
+    draws = {}
+    for dataset_id in ids:
+        with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+            var = tree["posterior"][name].load()
+        dims = [d for d in var.dims if d not in ("chain", "draw")]
+        if not dims:
+            draws[dataset_id] = var
+            continue
+        for labels in itertools.product(*(var[d].values for d in dims)):
+            where = dict(zip(dims, labels, strict=True))
+            draws[f"{dataset_id} {name}[{', '.join(map(str, labels))}]"] = var.sel(where).drop_vars(dims)
+    return draws
+
+
+def assert_rows_are_arviz(rows: ForestRows, draws: dict[str, xr.DataArray], summary: SummarySettings) -> None:
+    """A forest plot's rows are the fits' elements, in order, with arviz-stats' mean and intervals."""
+    assert rows.labels == list(draws)
+    for field, values in arviz_rows(draws, summary).items():
+        np.testing.assert_allclose(getattr(rows, field), values, rtol=1e-12, err_msg=f"{rows.name} {field}")
+
+
+def forest_files(config: Config) -> list[str]:
+    return sorted(p.name for p in (config.results_dir / "plots" / "forest").iterdir())
+
+
+def health_cells(config: Config, n_datasets: int) -> str:
+    """The health table's row the page must show, as pandas counts summary.csv's datasets: ok, warning,
+    failed, total (checked to be `n_datasets`)."""
+    datasets = pd.read_csv(config.summary_path).drop_duplicates("dataset")
+    assert len(datasets) == n_datasets
+    counts = [int((datasets["status"] == status).sum()) for status in ("ok", "warning", "failed")]
+    return "".join(f"<td>{n}</td>" for n in [*counts, n_datasets])
+
+
+def health_page(config: Config) -> str:
+    return (config.results_dir / "report" / "health.html").read_text()
+
+
+def test_a_model_without_a_scalar_parameter_gets_forest_plots_of_its_vector_and_matrix_parameters(vector_fits,
+                                                                                                  tmp_path):
+    """No scalar free parameter: the default forest plots are the free parameters there are, a row per
+    dataset and element (the plots rule crashed on ``Dimensions {'dataset'} do not exist``)."""
+    config = vector_sweep(vector_fits, tmp_path, list(VECTOR_GROUPS))
+    write_plots(config)
+    assert forest_files(config) == ["L.png", "a.png"]
+    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    assert list(rows) == ["a", "L"]
+    for name, variable_rows in rows.items():
+        assert_rows_are_arviz(variable_rows, fit_elements(config, list(VECTOR_GROUPS), name), config.summary)
+    pages = write_report_pages(config)
+    assert [p.name for p in pages] == ["health.html", "summary.html", "failures.html", "provenance.html"]
+    assert health_cells(config, 3) in health_page(config)
+
+
+@pytest.mark.parametrize(("settings", "refit", "drawn"), [
+    ({"outputs": {"var_names": ["a_centered", "a_range"]}}, True, ["a_range"]),
+    ({"summary": {"var_names": ["a_centered"]}}, False, ["a_centered"]),
+    ({"outputs": {"var_names": ["mu"]}}, True, []),
+], ids=["outputs-keep-deterministics", "summary-selects-a-deterministic", "outputs-keep-an-observation-sized-one"])
+def test_a_sweep_keeping_only_deterministics_gets_its_plots_and_pages(vector_fits, tmp_path, caplog, settings, refit,
+                                                                      drawn):
+    """Only deterministics in posteriors.nc: forest plots of those (scalar ones first, as for free parameters).
+    Kept only an observation-sized one, which summary.csv does not summarise: each dataset still has its
+    row there, with its health, and the plots log says there is nothing to draw."""
+    config = vector_sweep(vector_fits, tmp_path, list(VECTOR_GROUPS), refit=refit, **settings)
+    with caplog.at_level(logging.WARNING, logger="batchfit"):
+        write_plots(config)
+    assert forest_files(config) == [f"{name}.png" for name in drawn]
+    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    assert list(rows) == drawn
+    for name in drawn:
+        assert_rows_are_arviz(rows[name], fit_elements(config, list(VECTOR_GROUPS), name), config.summary)
+    if not drawn:
+        assert "no forest plot: posteriors.nc holds no variable" in caplog.text
+    assert pd.read_csv(config.summary_path)["dataset"].drop_duplicates().tolist() == list(VECTOR_GROUPS)
+    write_report_pages(config)
+    assert health_cells(config, 3) in health_page(config)
+
+
+def test_a_sweep_of_a_single_dataset_gets_its_plots_and_pages(vector_fits, tmp_path):
+    config = vector_sweep(vector_fits, tmp_path, ["s3"])
+    write_plots(config)
+    assert forest_files(config) == ["L.png", "a.png"]
+    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    for name in ("a", "L"):
+        assert_rows_are_arviz(rows[name], fit_elements(config, ["s3"], name), config.summary)
+    write_report_pages(config)
+    assert health_cells(config, 1) in health_page(config)
+    report = config.results_dir / "report"
+    with xr.open_datatree(config.fit_path("s3")) as tree:
+        sampled = tree.attrs["created_at"]
+    assert f"<td>first fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
+    assert f"<td>last fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
+    summary, summary_html = pd.read_csv(config.summary_path), (report / "summary.html").read_text()
+    assert summary_html.count("<tr class=") == len(summary) == 4 + 8 + 4 + 1  # a, L, a_centered, a_range
+    assert all(f"<td>s3</td><td>{parameter}</td>" in summary_html for parameter in summary["parameter"])
+
+
+def test_variables_whose_dims_differ_between_datasets_are_drawn_at_each_datasets_own_labels(vector_fits, tmp_path,
+                                                                                             caplog):
+    """`a` and `L` have other groups in each dataset (padded to their union in posteriors.nc): each dataset's
+    rows are its own elements. A variable whose dims are *named* otherwise in one fit (here s1's
+    ``a_centered`` rewritten over ``levels``) is left out of posteriors.nc by collect: named in
+    `report.var_names`, it is not drawn and the plots log says why; the others are."""
+    ids = list(VECTOR_GROUPS)
+    config = vector_sweep(vector_fits, tmp_path, ids, report={"var_names": ["a", "a_centered", "L"]})
+    with xr.open_datatree(config.fit_path("s1")) as tree:
+        odd = tree.load().to_dict()
+    odd["/posterior"]["a_centered"] = odd["/posterior"]["a_centered"].rename(groups="levels")
+    config.fit_path("s1").unlink()
+    xr.DataTree.from_dict(odd).to_netcdf(config.fit_path("s1"), engine="netcdf4")
+    collect(config, ids)
+    with xr.open_datatree(config.posteriors_path) as tree:
+        assert "a_centered" in json.loads(tree.attrs["excluded_variables"])
+        assert tree["posterior"]["groups"].values.tolist() == ["g0", "g1", "g2", "g3", "g4"]
+    with caplog.at_level(logging.WARNING, logger="batchfit"):
+        write_plots(config)
+    assert forest_files(config) == ["L.png", "a.png"]
+    assert "no forest plot of a_centered" in caplog.text
+    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    assert list(rows) == ["a", "L"]
+    for name in rows:
+        assert_rows_are_arviz(rows[name], fit_elements(config, ids, name), config.summary)
+    assert len(rows["a"].labels) == sum(map(len, VECTOR_GROUPS.values()))  # no row for a padded label
+    write_report_pages(config)
+    assert health_cells(config, 3) in health_page(config)
+
+
+@pytest.mark.slow
+def test_a_sweep_in_which_every_dataset_failed_still_has_its_plots_and_report(tmp_path, session_cache):
+    """Through the real rules: `status` fails the run, the plots and pages are written (health: all failed,
+    no forest plot, also with report.var_names set) and `snakemake --report` makes the report."""
+    (tmp_path / "model.py").write_text(VECTOR_MODEL)
+    write_vector_data(tmp_path / "data", {"b1": ["g0", "g1"], "b2": ["g0"]}, failing=True)
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump(vector_settings(tmp_path, session_cache, results_dir="results",
+                                                     datasets=["data/*.csv"], report={"var_names": ["a"]})))
+    run = snakemake(tmp_path, config)
+    assert run.returncode != 0 and "2 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    assert "Error in rule status" in run.stderr and "Error in rule plots" not in run.stderr, run.stderr[-3000:]
+    results = tmp_path / "results"
+    assert (results / "plots" / "forest").is_dir() and not list((results / "plots" / "forest").glob("*.png"))
+    assert "no forest plot: no dataset was fitted" in (results / "logs" / "plots.log").read_text()
+    health = read_health(results / "summary.csv", max_rows=0)
+    assert health.counts == {"ok": 0, "warning": 0, "failed": 2}
+    bars = health_figure(health).axes[0].patches  # the figure plots/health.png is
+    assert [bar.get_width() for bar in bars] == [0, 0, 2]
+    pages = results / "report"
+    assert "<td>0</td><td>0</td><td>2</td><td>2</td>" in (pages / "health.html").read_text()
+    failures = pd.read_csv(results / "failures.csv")
+    assert failures["dataset"].tolist() == ["b1", "b2"] and set(failures["stage"]) == {"sample"}
+    failures_html = (pages / "failures.html").read_text()
+    assert all(html.escape(message) in failures_html for message in failures["message"])
+    made = snakemake(tmp_path, config, "--report", "report.zip")
+    assert made.returncode == 0, made.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / "report.zip") as archive:
+        names = {Path(n).name for n in archive.namelist()}
+    assert {"health.png", "health.html", "summary.html", "failures.html", "provenance.html"} <= names
 
 
 def missing(message: str) -> None:

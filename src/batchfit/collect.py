@@ -667,7 +667,12 @@ def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> floa
 def _summary_rows(
     dataset_id: str, entry: Mapping[str, Any], health: dict[str, Any], columns: list[str]
 ) -> list[list[str]]:
-    """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took."""
+    """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took.
+
+    A row per summarised element; a fit with none (``outputs.var_names`` kept only
+    observation-sized deterministics) gets one row with an empty parameter, as a failed dataset
+    does: every dataset of the sweep has its health in summary.csv.
+    """
     table, attrs = entry["table"], entry["attrs"]
     per_dataset = {
         "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
@@ -675,8 +680,9 @@ def _summary_rows(
         "sampler_path": str(attrs.get("sampler_path", "")), "fallback": str(attrs.get("fallback", "")),
     }
     wanted = set(entry["summarised"])
-    return [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
+    rows = [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
             for i, variable in enumerate(table["variable"]) if variable in wanted]
+    return rows or [[_cell(per_dataset.get(c, "")) for c in columns]]
 
 
 def _failure_row(record: dict[str, str], columns: list[str]) -> list[str]:

@@ -7,12 +7,15 @@ The `plots` rule writes them under ``results_dir/plots/`` and Snakemake's report
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -24,6 +27,8 @@ from batchfit.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chun
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
 from batchfit.variables import FREE, ROLE_ATTR, select_vars, stack_elements
+
+log = logging.getLogger("batchfit")
 
 STATUSES = ("ok", "warning", "failed")
 # The health thresholds, as named in summary.csv's `message` (see batchfit.collect._health).
@@ -40,6 +45,7 @@ _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
 # Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws
 # (4 variables x 400 draws) is ~3 MiB, and reading in blocks keeps the rule's memory flat in N.
+# Fewer for a vector variable, as many elements of each variable at once as datasets of a scalar.
 FOREST_BLOCK = 256
 
 
@@ -117,6 +123,11 @@ def reason_counts(datasets: pd.DataFrame) -> dict[str, int]:
 
 
 def plot_health(health: SweepHealth, path: Path) -> None:
+    """Write `health_figure` to `path`."""
+    _save(health_figure(health), path)
+
+
+def health_figure(health: SweepHealth) -> Figure:
     """Bar charts: datasets per status, and warnings per threshold crossed."""
     counts, reasons = health.counts, health.reasons
     fig = Figure(figsize=(9, 3), layout="constrained")
@@ -132,19 +143,49 @@ def plot_health(health: SweepHealth, path: Path) -> None:
     for ax in (left, right):
         ax.set_xlabel("datasets")
         ax.set_xlim(0, max(1, *counts.values()) * 1.15)
-    _save(fig, path)
+    return fig
 
 
-def forest_variables(posterior: xr.Dataset, settings: ReportSettings) -> list[str]:
-    """The variables `report.var_names` selects, or by default the scalar free parameters (of posteriors.nc)."""
+def forest_variables(posterior: xr.Dataset, settings: ReportSettings, excluded: Sequence[str] = ()) -> list[str]:
+    """The variables of posteriors.nc that `report.var_names` selects, or by default `default_forest_variables`.
+
+    ``excluded``: the variables collect left out of posteriors.nc (their dims differ between
+    datasets); `report.var_names` may name them, but they have no rows to draw, which the
+    plots log says. Of a posteriors.nc without a dataset nothing is selected: it holds no
+    variable to check the names against.
+    """
+    available = [str(name) for name in posterior.data_vars]
+    if not posterior.sizes.get(DATASET_DIM, 0):
+        return []
     if settings.var_names is None:
-        return [str(name) for name, var in posterior.data_vars.items()
-                if var.attrs.get(ROLE_ATTR, FREE) == FREE and set(var.dims) <= {DATASET_DIM, "chain", "draw"}]
+        return default_forest_variables(posterior)
     try:
-        return select_vars([str(name) for name in posterior.data_vars], settings.var_names, settings.filter_vars)
+        chosen = select_vars([*available, *excluded], settings.var_names, settings.filter_vars)
     except ValueError as exc:
         raise ConfigError(f"{exc}, in posteriors.nc (which holds the variables summary.var_names selects)",
                           key="report.var_names") from None
+    left_out = [name for name in chosen if name not in available]
+    if left_out:
+        log.warning("plots: no forest plot of %s: collect left it out of posteriors.nc, as its dims differ "
+                    "between datasets (read it from fits/{id}.nc)", ", ".join(left_out))
+    return [name for name in chosen if name in available]
+
+
+def default_forest_variables(posterior: xr.Dataset) -> list[str]:
+    """The forest plots drawn without `report.var_names`: the scalar free parameters of posteriors.nc.
+
+    A model without a scalar free parameter gets its vector and matrix ones (a row per dataset
+    and element), and one of which posteriors.nc holds no free parameter (``outputs.var_names``
+    or ``summary.var_names`` kept only deterministics) gets its deterministics, scalar ones
+    first in the same way: every sweep with something to draw gets forest plots.
+    """
+    roles = {str(name): var.attrs.get(ROLE_ATTR, FREE) for name, var in posterior.data_vars.items()}
+    free = [name for name, role in roles.items() if role == FREE]
+    for pool in (free, [name for name in roles if name not in free]):
+        scalars = [name for name in pool if set(posterior[name].dims) <= {DATASET_DIM, "chain", "draw"}]
+        if pool:
+            return scalars or pool
+    return []
 
 
 @dataclass(frozen=True)
@@ -164,8 +205,9 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     of a vector (datasets may have different coordinates); the intervals as arviz-stats defines them
     (`batchfit.intervals`).
 
-    posteriors.nc is read `block` datasets at a time, only the forest variables and only the
-    elements each dataset has: the rule's memory is a block's draws, not the sweep's.
+    posteriors.nc is read `block` datasets at a time (a vector of n elements: ``block // n``),
+    only the forest variables and only the elements each dataset has: the rule's memory is a
+    block's draws, not the sweep's.
     """
     interval = intervals.of_kind(summary.ci_kind)
     parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]] = {}
@@ -173,8 +215,12 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     # Each block is read once: netCDF's chunk cache (up to 64 MiB a variable) would only grow with N.
     with no_chunk_cache():
         with _posterior_group(posteriors_path) as stacked:
-            names = forest_variables(stacked, settings)
+            names = forest_variables(stacked, settings, excluded_variables(posteriors_path))
             ids = [str(d) for d in stacked[DATASET_DIM].values]
+            widest = max((stacked[name][{DATASET_DIM: 0, "chain": 0, "draw": 0}].size for name in names), default=1)
+        if not names:
+            return {}  # and nothing to read: no variable is no block of datasets
+        block = max(1, block // widest)
         for start in range(0, len(ids), block):
             # The file is opened again for each block: HDF5's metadata cache and free lists of an
             # open file grow with the blocks read from it (by hand, reading 1,000 and 10,000
@@ -197,6 +243,12 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     return {name: ForestRows(name, [label for part in parts[name] for label in part[0]],
                              *(np.concatenate([part[i] for part in parts[name]]) for i in (1, 2, 3)))
             for name in names if name in parts}  # in posteriors.nc's order
+
+
+def excluded_variables(posteriors_path: Path) -> list[str]:
+    """The variables collect left out of posteriors.nc because their dims differ between datasets."""
+    with netCDF4.Dataset(posteriors_path) as nc:
+        return list(json.loads(nc.__dict__.get("excluded_variables", "{}")))
 
 
 def _posterior_group(posteriors_path: Path) -> xr.Dataset:
@@ -247,10 +299,26 @@ def write_plots(config: Config) -> list[Path]:
     forest_dir = out / "forest"
     shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
     forest_dir.mkdir()
-    for name, rows in forest_rows(config.posteriors_path, config.report, config.summary).items():
+    forests = forest_rows(config.posteriors_path, config.report, config.summary)
+    for name, rows in forests.items():
         written.append(forest_dir / plot_file_name(name))
         _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
+    if not forests:
+        log.warning("plots: no forest plot: %s", nothing_to_draw(config.posteriors_path))
     return written
+
+
+def nothing_to_draw(posteriors_path: Path) -> str:
+    """Why posteriors.nc gives no forest plot (when `forest_rows` finds none), in words for the plots log."""
+    with netCDF4.Dataset(posteriors_path) as nc:
+        n_datasets = len(nc[POSTERIOR].dimensions[DATASET_DIM])
+        n_variables = len([name for name in nc[POSTERIOR].variables if name not in nc[POSTERIOR].dimensions])
+    if not n_datasets:
+        return "no dataset was fitted (posteriors.nc holds none; failures.csv says why)"
+    if not n_variables:
+        return ("posteriors.nc holds no variable: the fits keep only observation-sized deterministics, which "
+                "posteriors.nc and summary.csv leave out unless summary.var_names names them")
+    return "report.var_names selects no variable that posteriors.nc holds"
 
 
 def copy_sbc_plots(sources: Sequence[str | Path], sbc_dir: str | Path, out: str | Path) -> None:
