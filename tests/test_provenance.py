@@ -155,7 +155,8 @@ def test_an_edited_helper_module_of_the_model_makes_every_dataset_pending(
 
 def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: Path, session_cache: Path) -> None:
     """A model taking a prior scale from ``priors.py`` beside it (no PYTHONPATH): the fit imports it,
-    records it, and editing it refits every dataset; writing back the same content refits nothing."""
+    records it, and editing it refits every dataset and compiles again; writing back the same content
+    refits nothing."""
     priors = project / "priors.py"
     priors.write_text("SLOPE_SD = 2.0\n")
     model = project / "model.py"
@@ -166,10 +167,12 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     assert pending(config) == []
     with xr.open_datatree(config.fit_path(IDS[0])) as tree:
         assert json.loads(tree.attrs["model_imports"]) == {"priors": hashlib.sha256(priors.read_bytes()).hexdigest()}
+    stamp = compile_stamp_path(config)
     priors.write_text("SLOPE_SD = 2.5\n")
     assert pending(config) == IDS
+    assert compile_stamp_path(config) != stamp
     priors.write_text("SLOPE_SD = 2.0\n")
-    assert pending(config) == []
+    assert pending(config) == [] and compile_stamp_path(config) == stamp
 
 
 def test_a_changed_data_file_makes_only_its_dataset_pending(project: Path, session_cache: Path) -> None:
