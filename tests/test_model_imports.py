@@ -17,9 +17,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import xarray as xr
+import yaml
 
 from batchfit.model_imports import user_imports
+
+BIN = Path(sys.executable).parent
 
 FILES = {
     # a package whose __init__ pulls a module by a relative import, which imports a plain module
@@ -228,3 +233,85 @@ def test_a_missing_module_names_the_model_folder(tmp_path: Path) -> None:
     folder = re.escape(str(tmp_path))
     with pytest.raises(ModelContractError, match=rf"No module named 'helpers_missing'.*its own folder, {folder}"):
         build(model_file)
+
+
+# --- a project whose model imports modules beside it, end to end ---------------------------------
+
+PROJECT_MODEL = """
+import pymc as pm
+
+from helpers import PRIOR_SD, draw
+
+
+def build_model(data):
+    import noise  # imported when the model is built, in whichever process builds it
+
+    with pm.Model() as model:
+        y = pm.Data("y", data["y"])
+        mu = pm.Normal("mu", 0.0, PRIOR_SD)
+        sigma = pm.HalfNormal("sigma", noise.SCALE)
+        pm.Normal("y_obs", mu, sigma, observed=y, shape=y.shape)
+    return model
+
+
+def simulate(rng, index):
+    return draw(rng, 15)
+"""
+PROJECT_FILES = {
+    "model.py": PROJECT_MODEL,
+    "helpers.py": ("import pandas as pd\n\nPRIOR_SD = 1.0\n\n\ndef draw(rng, n):\n"
+                   "    return pd.DataFrame({'y': rng.normal(0.3, 1.0, n).round(4)})\n"),
+    "noise.py": "SCALE = 1.0\n",
+}
+
+
+def run(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout + proc.stderr
+
+
+def planned_jobs(root: Path) -> dict[str, int]:
+    """The jobs a dry run of the sweep would run, by rule."""
+    out = run([str(BIN / "snakemake"), "-n", "--cores", "2"], root)
+    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
+
+
+@pytest.mark.slow
+def test_a_project_whose_model_imports_modules_beside_it_checks_sweeps_and_calibrates(
+        tmp_path: Path, session_cache: Path) -> None:
+    """`batchfit init`, then a model importing ``helpers`` (at the top) and ``noise`` (inside
+    build_model) from its folder: simulate, check, a `snakemake --cores 2` sweep (compile workers,
+    a fit job of two lanes: one chain on two threads) and SBC all import them, and editing one
+    refits the sweep."""
+    root = tmp_path / "project"
+    run([str(BIN / "batchfit"), "init", str(root)], tmp_path)
+    for path in (root / "data").glob("*.csv"):
+        path.unlink()
+    for name, text in PROJECT_FILES.items():
+        (root / name).write_text(text)
+    run([str(BIN / "batchfit"), "simulate", "--model", "model.py", "--n", "3", "--out", "data"], root)
+    (root / "config.yaml").write_text(yaml.safe_dump({
+        "model": "model.py", "datasets": ["data/*.csv"], "cache_dir": str(session_cache),
+        "sampler": {"draws": 100, "tune": 100, "chains": 1, "seed": 3}, "batch_size": 3,
+        "sbc": {"n_simulations": 4, "thin": 2, "seed": 7}}))
+
+    assert "check: ok" in run([str(BIN / "batchfit"), "check", "--config", "config.yaml"], root)
+    run([str(BIN / "snakemake"), "--cores", "2"], root)
+    summary = pd.read_csv(root / "results" / "summary.csv")
+    assert sorted(summary["dataset"].unique()) == ["dataset_000", "dataset_001", "dataset_002"]
+    assert "failed" not in set(summary["status"])
+    [log] = (root / "results" / "logs" / "fit").glob("*.log")
+    assert "fitting 2 datasets at once: this process and 1 helper process" in log.read_text()  # two lanes
+    imports = {name: sha256(root / f"{name}.py") for name in ("helpers", "noise")}
+    with xr.open_datatree(root / "results" / "fits" / "dataset_001.nc") as tree:
+        assert json.loads(tree.attrs["model_imports"]) == imports
+
+    run([str(BIN / "snakemake"), "--cores", "2", "sbc"], root)
+    assert (root / "results" / "sbc" / "verdict.txt").read_text().startswith("SBC ")
+    assert len(list((root / "results" / "sbc" / "fits").glob("*.nc"))) == 4
+
+    assert "fit" not in planned_jobs(root)  # the plan (Snakemake's process) agrees with what the fits recorded
+    (root / "noise.py").write_text("SCALE = 1.5\n")
+    jobs = planned_jobs(root)
+    assert jobs.get("fit") == 1 and jobs.get("compile") == 1, jobs
