@@ -108,3 +108,33 @@ def test_a_model_that_passes_check_compiles(tmp_path, source):
     assert check_model(config).ok
     stamp = run_compile(config)
     assert stamp["path"] == "cached" and stamp["key"]
+
+
+def _sized_model(n_groups: int, centres: np.ndarray) -> object:
+    """A model taking a group count from the data as a Python int (a new structure per count)."""
+    import pymc as pm
+
+    with pm.Model() as model:
+        pm.Normal("a", 0.0, 1.0, shape=(n_groups,))
+        pm.Normal("b", centres, 1.0)
+    return model
+
+
+def test_a_structure_difference_names_the_values_of_constants_of_one_shape():
+    """3 groups against 4: the differing constant has shape (1,) in both, so only its values tell."""
+    from batchfit.check import structure_differences
+
+    centres = np.arange(20.0)
+    [line] = structure_differences(_sized_model(3, centres), _sized_model(4, centres))
+    assert line.startswith("variable 'a': a constant is [4] here but [3] in the reference"), line
+
+
+def test_a_structure_difference_in_a_long_array_names_its_first_differing_entry():
+    from batchfit.check import structure_differences
+
+    centres = np.arange(20.0)
+    moved = centres.copy()
+    moved[[7, 12]] = [7.5, -1.0]
+    [line] = structure_differences(_sized_model(3, centres), _sized_model(3, moved))
+    assert line.startswith("variable 'b': a constant is an array of shape (20,) holding 7.5 at [7] here but 7.0 "
+                           "in the reference (2 of its 20 entries differ)"), line

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from hypothesis import given
+from hypothesis import strategies as st
 
 import batchfit
 from batchfit.atomic import atomic_path, remove_stale_temporaries
@@ -338,6 +340,40 @@ def test_dataset_health(sweep: Config) -> None:
     assert stuck["status"] == "warning" and stuck["reasons"][0].startswith("max r_hat")
     low_ess = dataset_health(sweep.fit_path("store_01"), Health(min_ess_bulk=1e6))
     assert low_ess["status"] == "warning" and low_ess["reasons"][0].startswith("min ess_bulk")
+
+
+def test_a_health_reason_shows_why_the_value_crossed() -> None:
+    from batchfit.collect import _health
+
+    health = _health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), 3, Health(max_r_hat=1.01, min_ess_bulk=400))
+    assert health["reasons"] == ["3 divergences > 0", "max r_hat 1.0104 > 1.01", "min ess_bulk 399.6 < 400"]
+    health = _health(np.array([1.05]), np.array([12.4]), 0, Health(max_r_hat=1.01, min_ess_bulk=400))
+    assert health["reasons"] == ["max r_hat 1.050 > 1.01", "min ess_bulk 12 < 400"]  # as short as before
+
+
+@st.composite
+def value_and_threshold(draw: st.DrawFn) -> tuple[float, float]:
+    """Any two distinct numbers, often a hair apart (where too few digits would print them alike)."""
+    threshold = draw(st.floats(allow_nan=False))
+    value = draw(st.one_of(
+        st.floats(allow_nan=False),
+        st.integers(-3, 3).map(lambda ulps: float(threshold + ulps * np.spacing(threshold))),
+        st.floats(-1e-3, 1e-3).map(lambda step: threshold + step * max(abs(threshold), 1.0)),
+    ))
+    return value, threshold
+
+
+@given(value_and_threshold(), st.integers(0, 6))
+def test_a_shown_value_reads_on_its_own_side_of_the_shown_threshold(pair: tuple[float, float], decimals: int) -> None:
+    from batchfit.collect import number_text, shown_against
+
+    value, threshold = pair
+    shown, shown_threshold = float(shown_against(value, threshold, decimals)), float(number_text(threshold))
+    assert shown_threshold == threshold
+    if value > threshold:
+        assert shown > shown_threshold
+    elif value < threshold:
+        assert shown < shown_threshold
 
 
 def test_atomic_path_replaces_on_success(tmp_path: Path) -> None:

@@ -154,6 +154,21 @@ def test_same_key_in_another_process(tmp_path):
     assert proc.stdout.split()[-1] == key_of(model_file, Y)
 
 
+def test_an_edited_helper_beside_the_model_changes_the_key_exactly_when_it_changes_the_graph(tmp_path):
+    """The model's likelihood comes from a module beside it: the key follows the graph it builds."""
+    source = MODEL.format(**{**COMMON, "likelihood": "likelihoods.observe(mu, sigma, y)"})
+    model_file = write_model(tmp_path, "with_helper", "import likelihoods\n" + source)
+    helper = tmp_path / "likelihoods.py"
+    normal = ("import pymc as pm\n\ndef observe(mu, sigma, y):\n"
+              "    return pm.Normal('obs', mu, sigma, observed=y, shape=y.shape)\n")
+    helper.write_text(normal)
+    first = key_of(model_file, Y)
+    helper.write_text(normal + "# a comment shapes no graph\n")
+    assert key_of(model_file, Y) == first
+    helper.write_text(normal.replace("pm.Normal('obs', mu, sigma,", "pm.StudentT('obs', nu=4.0, mu=mu, sigma=sigma,"))
+    assert key_of(model_file, Y) != first
+
+
 def test_custom_dist_closure_over_data_changes_the_structure(tmp_path):
     """A logp that captures a value from the data compiles differently for each dataset."""
     from batchfit.fingerprint import model_fingerprint

@@ -11,13 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+import xarray as xr
+import yaml
 
 from batchfit.model_imports import user_imports
+
+BIN = Path(sys.executable).parent
 
 FILES = {
     # a package whose __init__ pulls a module by a relative import, which imports a plain module
@@ -98,3 +105,213 @@ def test_the_scan_imports_nothing(helpers: Path) -> None:
     (helpers / "lib" / "bfh_pkg" / "__init__.py").write_text("raise RuntimeError('executed')\n")
     assert "bfh_pkg" in user_imports(helpers / "model.py")
     assert not any(name.startswith("bfh_") for name in sys.modules)
+
+
+# --- modules beside the model file ------------------------------------------------------------
+
+BESIDE_MODEL = """
+import pymc as pm
+
+import helpers
+from priors_pkg import LOCATION
+
+
+def build_model(data):
+    import lazy_helper  # imported only when a model is built
+
+    with pm.Model() as model:
+        y = pm.Data("y", data["y"])
+        mu = pm.Normal("mu", LOCATION, helpers.PRIOR_SD)
+        pm.Normal("obs", mu, lazy_helper.NOISE, observed=y, shape=y.shape)
+    model.used = (helpers.TAG, LOCATION, lazy_helper.TAG)
+    return model
+"""
+
+
+def beside(folder: Path, tag: str, model: str = BESIDE_MODEL) -> Path:
+    """A model file in ``folder`` with a module, a package and a module imported lazily beside it,
+    each telling ``tag``; returns the model file."""
+    files = {"model.py": model,
+             "helpers.py": f"TAG = {tag!r}\nPRIOR_SD = 2.0\n",
+             "priors_pkg/__init__.py": "from .where import LOCATION\n",
+             "priors_pkg/where.py": f"LOCATION = {tag!r}.count('o') * 1.0\nTAG = {tag!r}\n",
+             "lazy_helper.py": f"TAG = {tag!r}\nNOISE = 1.0\n"}
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder / "model.py"
+
+
+def build(model_file: Path) -> object:
+    from batchfit.data import Dataset
+    from batchfit.modelfile import build_model, load_model_file
+
+    data = Dataset(id="d", path=Path("d.csv"), arrays={"y": np.array([0.3, -1.2, 0.8])}, coords={})
+    return build_model(load_model_file(model_file), data)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_model_imports_modules_beside_it_at_load_and_inside_build_model(tmp_path: Path) -> None:
+    model_file = beside(tmp_path, "one")
+    assert build(model_file).used == ("one", 1.0, "one")
+    assert user_imports(model_file) == {
+        "helpers": sha256(tmp_path / "helpers.py"), "lazy_helper": sha256(tmp_path / "lazy_helper.py"),
+        "priors_pkg": sha256(tmp_path / "priors_pkg" / "__init__.py"),
+        "priors_pkg.where": sha256(tmp_path / "priors_pkg" / "where.py")}
+
+
+def test_two_model_files_in_different_folders_each_import_their_own_helpers(tmp_path: Path) -> None:
+    """Both import modules named ``helpers``, ``priors_pkg`` and ``lazy_helper``: Python would hand
+    the second model the first one's from ``sys.modules``."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one, two = beside(tmp_path / "one", "one"), beside(tmp_path / "two", "two")
+    for _ in range(2):  # and again, each model's modules coming back from the other's
+        assert build(one).used == ("one", 1.0, "one")
+        assert build(two).used == ("two", 1.0, "two")
+    # The scan of one model is not misled by the other's modules, imported now.
+    assert user_imports(one)["helpers"] == sha256(tmp_path / "one" / "helpers.py")
+    assert user_imports(one)["lazy_helper"] == sha256(tmp_path / "one" / "lazy_helper.py")
+
+
+def test_an_edited_helper_is_imported_anew_with_the_model(tmp_path: Path) -> None:
+    model_file = beside(tmp_path, "one")
+    before = user_imports(model_file)
+    assert build(model_file).used == ("one", 1.0, "one")
+    (tmp_path / "lazy_helper.py").write_text("TAG = 'edited'\nNOISE = 1.0\n")
+    after = user_imports(model_file)
+    assert after["lazy_helper"] != before["lazy_helper"]
+    assert {k: v for k, v in after.items() if k != "lazy_helper"} == {k: v for k, v in before.items()
+                                                                     if k != "lazy_helper"}
+    assert build(model_file).used == ("one", 1.0, "edited")
+
+
+def test_the_scan_is_the_same_with_the_model_folder_on_sys_path(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snakemake puts a project's folder on ``sys.path`` when it plans; a fit job does not: both
+    must record the same imports, or every plan would refit everything."""
+    from batchfit.model_imports import scan
+
+    model_file = beside(tmp_path, "one")
+    (tmp_path / "tabnanny.py").write_text("raise RuntimeError('a library import reached the model folder')\n")
+    (tmp_path / "helpers.py").write_text("import tabnanny\n" + (tmp_path / "helpers.py").read_text())
+    without = scan(model_file)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert scan(model_file) == without
+    assert "tabnanny" not in without.modules and set(without.shadowed) == {"tabnanny"}
+
+
+def test_a_file_beside_the_model_never_replaces_a_library_module(tmp_path: Path) -> None:
+    from batchfit.errors import ModelContractError
+
+    assert "tabnanny" not in sys.modules  # a standard library module nothing here imports
+    (tmp_path / "imports").mkdir()
+    (tmp_path / "imports" / "numpy.py").write_text("raise RuntimeError('the model folder numpy')\n")
+    model_file = beside(tmp_path / "imports", "one", "import numpy as np\n" + BESIDE_MODEL)
+    with pytest.raises(ModelContractError, match=r"numpy\.py beside model\.py has the name of the module 'numpy' "
+                                                 r"\(.*numpy/__init__\.py\).*rename numpy\.py"):
+        build(model_file)
+    # Beside a model that does not import it, the file stays out of the way of the library's.
+    (tmp_path / "ignores").mkdir()
+    (tmp_path / "ignores" / "tabnanny.py").write_text("raise RuntimeError('the model folder tabnanny')\n")
+    assert build(beside(tmp_path / "ignores", "two")).used == ("two", 1.0, "two")
+    try:
+        import tabnanny
+
+        assert Path(tabnanny.__file__).parent == Path(os.__file__).parent
+    finally:
+        sys.modules.pop("tabnanny", None)
+
+
+def test_a_missing_module_names_the_model_folder(tmp_path: Path) -> None:
+    from batchfit.errors import ModelContractError
+
+    model_file = beside(tmp_path, "one", "from helpers_missing import X\n" + BESIDE_MODEL)
+    folder = re.escape(str(tmp_path))
+    with pytest.raises(ModelContractError, match=rf"No module named 'helpers_missing'.*its own folder, {folder}"):
+        build(model_file)
+
+
+# --- a project whose model imports modules beside it, end to end ---------------------------------
+
+PROJECT_MODEL = """
+import pymc as pm
+
+from helpers import PRIOR_SD, draw
+
+
+def build_model(data):
+    import noise  # imported when the model is built, in whichever process builds it
+
+    with pm.Model() as model:
+        y = pm.Data("y", data["y"])
+        mu = pm.Normal("mu", 0.0, PRIOR_SD)
+        sigma = pm.HalfNormal("sigma", noise.SCALE)
+        pm.Normal("y_obs", mu, sigma, observed=y, shape=y.shape)
+    return model
+
+
+def simulate(rng, index):
+    return draw(rng, 15)
+"""
+PROJECT_FILES = {
+    "model.py": PROJECT_MODEL,
+    "helpers.py": ("import pandas as pd\n\nPRIOR_SD = 1.0\n\n\ndef draw(rng, n):\n"
+                   "    return pd.DataFrame({'y': rng.normal(0.3, 1.0, n).round(4)})\n"),
+    "noise.py": "SCALE = 1.0\n",
+}
+
+
+def run(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout + proc.stderr
+
+
+def planned_jobs(root: Path) -> dict[str, int]:
+    """The jobs a dry run of the sweep would run, by rule."""
+    out = run([str(BIN / "snakemake"), "-n", "--cores", "2"], root)
+    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
+
+
+@pytest.mark.slow
+def test_a_project_whose_model_imports_modules_beside_it_checks_sweeps_and_calibrates(
+        tmp_path: Path, session_cache: Path) -> None:
+    """`batchfit init`, then a model importing ``helpers`` (at the top) and ``noise`` (inside
+    build_model) from its folder: simulate, check, a `snakemake --cores 2` sweep (compile workers,
+    a fit job of two lanes: one chain on two threads) and SBC all import them, and editing one
+    refits the sweep."""
+    root = tmp_path / "project"
+    run([str(BIN / "batchfit"), "init", str(root)], tmp_path)
+    for path in (root / "data").glob("*.csv"):
+        path.unlink()
+    for name, text in PROJECT_FILES.items():
+        (root / name).write_text(text)
+    run([str(BIN / "batchfit"), "simulate", "--model", "model.py", "--n", "3", "--out", "data"], root)
+    (root / "config.yaml").write_text(yaml.safe_dump({
+        "model": "model.py", "datasets": ["data/*.csv"], "cache_dir": str(session_cache),
+        "sampler": {"draws": 100, "tune": 100, "chains": 1, "seed": 3}, "batch_size": 3,
+        "sbc": {"n_simulations": 4, "thin": 2, "seed": 7}}))
+
+    assert "check: ok" in run([str(BIN / "batchfit"), "check", "--config", "config.yaml"], root)
+    run([str(BIN / "snakemake"), "--cores", "2"], root)
+    summary = pd.read_csv(root / "results" / "summary.csv")
+    assert sorted(summary["dataset"].unique()) == ["dataset_000", "dataset_001", "dataset_002"]
+    assert "failed" not in set(summary["status"])
+    [log] = (root / "results" / "logs" / "fit").glob("*.log")
+    assert "fitting 2 datasets at once: this process and 1 helper process" in log.read_text()  # two lanes
+    imports = {name: sha256(root / f"{name}.py") for name in ("helpers", "noise")}
+    with xr.open_datatree(root / "results" / "fits" / "dataset_001.nc") as tree:
+        assert json.loads(tree.attrs["model_imports"]) == imports
+
+    run([str(BIN / "snakemake"), "--cores", "2", "sbc"], root)
+    assert (root / "results" / "sbc" / "verdict.txt").read_text().startswith("SBC ")
+    assert len(list((root / "results" / "sbc" / "fits").glob("*.nc"))) == 4
+
+    assert "fit" not in planned_jobs(root)  # the plan (Snakemake's process) agrees with what the fits recorded
+    (root / "noise.py").write_text("SCALE = 1.5\n")
+    jobs = planned_jobs(root)
+    assert jobs.get("fit") == 1 and jobs.get("compile") == 1, jobs

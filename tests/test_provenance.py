@@ -153,6 +153,28 @@ def test_an_edited_helper_module_of_the_model_makes_every_dataset_pending(
             monkeypatch.delitem(sys.modules, name)
 
 
+def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: Path, session_cache: Path) -> None:
+    """A model taking a prior scale from ``priors.py`` beside it (no PYTHONPATH): the fit imports it,
+    records it, and editing it refits every dataset and compiles again; writing back the same content
+    refits nothing."""
+    priors = project / "priors.py"
+    priors.write_text("SLOPE_SD = 2.0\n")
+    model = project / "model.py"
+    text = model.read_text().replace("import pymc as pm\n", "import pymc as pm\nfrom priors import SLOPE_SD\n")
+    model.write_text(text.replace('pm.Normal("b", 0.0, 2.0)', 'pm.Normal("b", 0.0, SLOPE_SD)'))
+    config = config_from_dict(settings(project, session_cache))
+    assert run_fit(config) == 0
+    assert pending(config) == []
+    with xr.open_datatree(config.fit_path(IDS[0])) as tree:
+        assert json.loads(tree.attrs["model_imports"]) == {"priors": hashlib.sha256(priors.read_bytes()).hexdigest()}
+    stamp = compile_stamp_path(config)
+    priors.write_text("SLOPE_SD = 2.5\n")
+    assert pending(config) == IDS
+    assert compile_stamp_path(config) != stamp
+    priors.write_text("SLOPE_SD = 2.0\n")
+    assert pending(config) == [] and compile_stamp_path(config) == stamp
+
+
 def test_a_changed_data_file_makes_only_its_dataset_pending(project: Path, session_cache: Path) -> None:
     config = config_from_dict(settings(project, session_cache))
     data = project / "data" / "shop_001.csv"

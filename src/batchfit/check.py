@@ -221,14 +221,44 @@ def _differing_constants(a: Any, b: Any) -> list[str]:
     found = []
     for x, y in zip(consts_a, consts_b, strict=True):
         vx, vy = np.asarray(x.data), np.asarray(y.data)
-        if vx.shape != vy.shape or not np.array_equal(vx, vy):
-            found.append(f"a constant is {_short(vy)} here but {_short(vx)} in the reference "
+        if vx.shape != vy.shape or _unequal(vx, vy).any():
+            found.append(f"a constant is {_contrast(vy, vx)} "
                          "(a value computed from the data: pass it through pm.Data, or a size: use dims=)")
     return found
 
 
+# Arrays up to this many entries are shown whole in a structure difference.
+_SHOWN_ENTRIES = 8
+
+
+def _contrast(here: np.ndarray, reference: np.ndarray) -> str:
+    """``"<here> here but <reference> in the reference"`` for two constants that differ, naming what
+    differs: the shapes when they differ, else the values (whole for a short array, else the first
+    differing entry), so that two arrays of one shape never read alike."""
+    if here.shape != reference.shape:
+        return f"{_short(here)} here but {_short(reference)} in the reference"
+    if here.size <= _SHOWN_ENTRIES:
+        return f"{_values(here)} here but {_values(reference)} in the reference"
+    differing = np.argwhere(_unequal(here, reference))
+    index = tuple(int(i) for i in differing[0])
+    return (f"an array of shape {here.shape} holding {here[index].item()!r} at {list(index)} here but "
+            f"{reference[index].item()!r} in the reference ({len(differing)} of its {here.size} entries differ)")
+
+
 def _short(value: np.ndarray) -> str:
     return repr(value.item()) if value.ndim == 0 else f"an array of shape {value.shape}"
+
+
+def _values(value: np.ndarray) -> str:
+    return repr(value.item()) if value.ndim == 0 else np.array2string(value, separator=", ")
+
+
+def _unequal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Entries that differ (two NaNs are alike)."""
+    differ = a != b
+    if np.issubdtype(a.dtype, np.inexact) and np.issubdtype(b.dtype, np.inexact):
+        differ &= ~(np.isnan(a) & np.isnan(b))
+    return differ
 
 
 def _req(req: Any) -> str:

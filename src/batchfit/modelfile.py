@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +23,12 @@ import numpy as np
 
 from batchfit.data import DataRequirement, Dataset
 from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.model_imports import FolderModules, model_folder, scan, use
 from batchfit.python_mode import python_mode
 
+# Loaded model files by path and digest of their content and of the user modules they import.
 _MODULES: dict[tuple[Path, str], ModuleType] = {}
+_FOLDERS: dict[ModuleType, FolderModules] = {}  # each loaded model file's modules from its folder
 
 
 def file_hash(path: Path) -> str:
@@ -33,37 +37,63 @@ def file_hash(path: Path) -> str:
 
 
 def load_model_file(path: Path) -> ModuleType:
-    """Import the model file (once per content) and check that it defines ``build_model``."""
+    """Import the model file (once per content of it and of the user modules it imports) and check
+    that it defines ``build_model``.
+
+    Its folder is importable while it runs and whenever batchfit calls into it
+    (`batchfit.model_imports.use`), after the installed modules: ``from helpers import simulate``
+    finds ``helpers.py`` beside it. A file there that an import cannot reach (``numpy.py``) is an
+    error if the model imports that name.
+    """
     path = Path(path).resolve()
     if not path.is_file():
         raise ModelContractError(f"model file {path} does not exist")
     digest = file_hash(path)
-    if (path, digest) in _MODULES:
-        return _MODULES[(path, digest)]
+    imports = scan(path)
+    key = (path, hashlib.sha256(json.dumps([digest, imports.modules]).encode()).hexdigest())
+    if key in _MODULES:
+        return _MODULES[key]
+    if imports.shadowed:
+        raise ModelContractError(f"model file {path} cannot import a module beside it: {imports.shadow_error(path)}")
     name = f"batchfit_model_{digest[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelContractError(f"model file {path} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
+    folder = FolderModules(model_folder(path))
     sys.modules[name] = module
+    use(folder)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise ModelContractError(f"importing model file {path} failed: {type(exc).__name__}: {exc}") from exc
+        hint = (f" (a model file imports installed modules and the modules and packages in its own folder, "
+                f"{folder.folder})" if isinstance(exc, ModuleNotFoundError) else "")
+        raise ModelContractError(
+            f"importing model file {path} failed: {type(exc).__name__}: {exc}{hint}") from exc
     if not callable(getattr(module, "build_model", None)):
         raise ModelContractError(
             f"model file {path} defines no function build_model(data); batchfit calls it with each "
             "dataset and expects a pm.Model back (see README, 'Writing a model')"
         )
-    _MODULES[(path, digest)] = module
+    _MODULES[key] = module
+    _FOLDERS[module] = folder
     return module
+
+
+def use_model_folder(module: ModuleType) -> None:
+    """Make the folder of a model file loaded by `load_model_file` importable, with the modules it
+    imported from there, before calling into it (cheap when it is already the one in use)."""
+    folder = _FOLDERS.get(module)
+    if folder is not None:
+        use(folder)
 
 
 def build_model(module: ModuleType, dataset: Dataset) -> Any:
     """Call the user's ``build_model`` for one dataset and check what comes back."""
     import pymc as pm
 
+    use_model_folder(module)
     try:
         model = module.build_model(dataset)
     except BatchfitError:

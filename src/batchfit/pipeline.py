@@ -251,16 +251,18 @@ def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attem
 def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
-    Named by the model file's content, the CPU target and the library versions, so a sweep
-    whose results were deleted (or a second sweep of the same model) finds the cache already
-    filled and Snakemake skips the compile job; a changed model or an upgrade compiles again.
+    Named by the content of the model file and of the user modules it imports, the CPU target and
+    the library versions, so a sweep whose results were deleted (or a second sweep of the same
+    model) finds the cache already filled and Snakemake skips the compile job; a changed model
+    or helper module, or an upgrade, compiles again.
     """
     from importlib.metadata import version
 
     from batchfit import __version__
     from batchfit.fingerprint import LIBRARIES
+    from batchfit.model_imports import user_imports
 
-    parts = [Path(config.model).read_bytes(), __version__.encode(),
+    parts = [Path(config.model).read_bytes(), json.dumps(user_imports(config.model)).encode(), __version__.encode(),
              config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]

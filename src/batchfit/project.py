@@ -34,7 +34,8 @@ _MODEL_HEADER = """\
 # differs between datasets enters as pm.Data(name, data[name]), named after its column; labels
 # come from data.coords[column] and a dimension is not named like a pm.Data container; the
 # structure does not depend on the data values. simulate(rng, index) is optional (`batchfit
-# simulate`, and `batchfit init` drew data/ with it).
+# simulate`, and `batchfit init` drew data/ with it). Modules beside this file can be imported
+# (`from helpers import ...`); editing one refits, as editing this file does.
 """
 _WIDTH = 100
 

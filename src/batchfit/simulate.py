@@ -8,7 +8,7 @@ import numpy as np
 
 from batchfit.atomic import atomic_path
 from batchfit.errors import ModelContractError
-from batchfit.modelfile import load_model_file
+from batchfit.modelfile import load_model_file, use_model_folder
 
 
 def simulate_datasets(
@@ -21,6 +21,7 @@ def simulate_datasets(
         raise ModelContractError(f"model file {model_file} defines no simulate(rng, index) function")
     paths = []
     for i in range(n):
+        use_model_folder(module)
         frame = simulate(np.random.default_rng([seed, i]), i)
         path = Path(out_dir) / f"{prefix}_{i:03d}.csv"
         with atomic_path(path) as tmp:
