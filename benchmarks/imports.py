@@ -54,7 +54,8 @@ def main() -> None:
         print(f"{method:>8}: nutpie import median {medians[method]:.3f} s "
               f"(min {min(values):.3f}, max {max(values):.3f}, {len(values)} processes)")
     saving = medians["plain"] - medians["batchfit"]
-    print(f"saving: {saving:.3f} s per process that samples ({'kept: > 0.2 s' if saving > 0.2 else 'REMOVE: <= 0.2 s'})")
+    verdict = "kept: > 0.2 s" if saving > 0.2 else "REMOVE: <= 0.2 s"
+    print(f"saving: {saving:.3f} s per process that samples ({verdict})")
     (out / "imports.json").write_text(json.dumps({"times": times, "medians": medians, "saving": saving}, indent=1))
 
 
