@@ -2,6 +2,9 @@
 # Set up batchfit in .venv (Python 3.12) and run the bundled example sweep.
 #   ./setup.sh            install, then `snakemake --cores 2` on the bundled example
 #   ./setup.sh --install  install only (what CI does before running the tests)
+# Also builds the two venvs the test suite runs programs in (tests/venvs.py): .venv-user, batchfit as a
+# user installs it (no extras), where the end-to-end sweeps run, and .venv-reference, with JAX, for the
+# parity corpus's reference side. The tests build a missing one themselves, inside their time.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -26,6 +29,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test,bench,slurm]"
+.venv/bin/python tests/venvs.py
 
 if [ "${1:-}" != "--install" ]; then
   .venv/bin/snakemake --cores 2

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import venvs
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +58,18 @@ def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFac
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"compiling the hierarchical model failed:\n{run.stdout}\n{run.stderr[-3000:]}"
     return session_cache
+
+
+@pytest.fixture(scope="session")
+def user_bin() -> Path:
+    """bin/ of .venv-user: batchfit as a user installs it (no extras), from this working tree (tests/venvs.py)."""
+    return venvs.user_venv()
+
+
+@pytest.fixture(scope="session")
+def reference_python() -> Path:
+    """The python of .venv-reference, which has JAX for the parity corpus's reference side (tests/venvs.py)."""
+    return venvs.reference_venv()
 
 
 @pytest.fixture(scope="session")
