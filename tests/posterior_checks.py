@@ -6,11 +6,19 @@ standard deviations by ratio, where their own Monte Carlo error (ArviZ's ``mcse(
 is small enough to tell: in a heavy tail one extreme draw moves an sd by a third (the corpus's GP
 lengthscale, InverseGamma(5, 20): sd 2.9 vs 4.0, each with a Monte Carlo error of 0.13 and 0.60).
 Used wherever batchfit's posterior is checked against ``pm.sample``'s, which
-`sample_reference` draws.
+`sample_reference` draws, through JAX, in the reference venv (tests/venvs.py): JAX is in no
+environment batchfit runs in (issue #43). A test in the test venv gets such posteriors from
+`reference_posteriors`, which runs this file there: ``python posterior_checks.py JOBS OUT_DIR``.
 """
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +50,54 @@ def sample_reference(model: Any, **sample: Any) -> tuple[Any, str]:
                 raise
             print(f"{' '.join(str(exc).split())[:160]}; compiling the reference with numba", flush=True)
     raise AssertionError("unreachable")
+
+
+class ModelInput:
+    """What ``build_model(data)`` receives, rebuilt from its arrays and coordinate labels in another process."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], coords: Mapping[str, tuple]) -> None:
+        self.arrays, self.coords = dict(arrays), dict(coords)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays
+
+    def keys(self) -> Any:
+        return self.arrays.keys()
+
+
+def reference_posteriors(python: Path, jobs: list[tuple[Path, Any]], **sample: Any) -> list[xr.Dataset]:
+    """The posterior `sample_reference` gives for ``build_model(data)`` of each (model file, data) in
+    `jobs` (data: anything with ``keys()``, ``[name]`` and ``.coords``, e.g. a batchfit Dataset as the
+    sweep loads it), all sampled by one process of `python`, the reference venv's (it has JAX)."""
+    with tempfile.TemporaryDirectory(prefix="batchfit-reference-") as tmp:
+        spec = Path(tmp) / "jobs.pickle"
+        spec.write_bytes(pickle.dumps({"sample": sample, "jobs": [
+            (str(model_file), {k: np.asarray(data[k]) for k in data.keys()}, dict(data.coords))
+            for model_file, data in jobs]}))
+        run = subprocess.run([str(python), __file__, str(spec), tmp], capture_output=True, text=True, timeout=1800)
+        assert run.returncode == 0, f"the reference process failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+        posteriors = []
+        for i in range(len(jobs)):
+            with xr.open_dataset(Path(tmp) / f"{i}.nc", engine="h5netcdf") as posterior:
+                posteriors.append(posterior.load())
+        return posteriors
+
+
+def _sample_jobs(spec: Path, out: Path) -> None:
+    """`reference_posteriors`' other side: each job's posterior to ``out/<i>.nc``."""
+    import importlib.util
+
+    given = pickle.loads(spec.read_bytes())
+    for i, (model_file, arrays, coords) in enumerate(given["jobs"]):
+        module_spec = importlib.util.spec_from_file_location(f"reference_model_{i}", model_file)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        idata, backend = sample_reference(module.build_model(ModelInput(arrays, coords)), **given["sample"])
+        idata.posterior.to_netcdf(out / f"{i}.nc", engine="h5netcdf")
+        print(f"{model_file}: sampled, compiled with {backend}", flush=True)
 
 
 def assert_same_posterior(ours: xr.Dataset, reference: xr.Dataset, *, label: str,
@@ -95,3 +151,7 @@ def _labels(values: xr.DataArray, dim: str) -> list[str] | None:
 
 def _flat(values: xr.DataArray | xr.Dataset) -> np.ndarray:
     return np.atleast_1d(np.asarray(values, dtype=float)).ravel()
+
+
+if __name__ == "__main__":
+    _sample_jobs(Path(sys.argv[1]), Path(sys.argv[2]))

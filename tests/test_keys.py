@@ -222,19 +222,17 @@ def sweep(tmp_path: Path, model_file: Path, cache_dir: Path, data_dir: Path) -> 
     return {"compile": manifest["compile"], "posterior": tree["posterior"].to_dataset().load()}
 
 
-def reference_posterior(model_file: Path) -> object:
-    """What ``pm.sample`` with nutpie gives for the same model and data (posterior_checks.sample_reference)."""
-    from posterior_checks import sample_reference
+def pm_sample_posteriors(model_files: list[Path], python: Path) -> list[object]:
+    """What ``pm.sample`` with nutpie gives for each model on the same data (posterior_checks.reference_posteriors,
+    in one process of the reference venv's `python`)."""
+    from posterior_checks import reference_posteriors
 
-    from batchfit.modelfile import build_model, load_model_file
-
-    model = build_model(load_model_file(model_file), dataset("d", Y))
-    idata, _ = sample_reference(model, draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, random_seed=11)
-    return idata.posterior
+    return reference_posteriors(python, [(model_file, dataset("d", Y)) for model_file in model_files],
+                                draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, random_seed=11)
 
 
 @pytest.mark.slow
-def test_second_sweep_of_a_different_model_gets_its_own_entry_and_posterior(tmp_path):
+def test_second_sweep_of_a_different_model_gets_its_own_entry_and_posterior(tmp_path, reference_python):
     from posterior_checks import assert_same_posterior
 
     data_dir = tmp_path / "data"
@@ -242,13 +240,16 @@ def test_second_sweep_of_a_different_model_gets_its_own_entry_and_posterior(tmp_
     np.savetxt(data_dir / "d.csv", Y, header="y", comments="", fmt="%.6f")
     cache_dir = tmp_path / "cache"
     files = {name: variant_file(tmp_path, name) for name in VARIANTS}
+    seconds = [second for _, second in DIFFERENT]
+    references = pm_sample_posteriors([files[name] for name in seconds], reference_python)
+    expected = dict(zip(seconds, references, strict=True))
     swept = {}
     for first, second in DIFFERENT:
         for name in (first, second):
             if name not in swept:
                 swept[name] = sweep(tmp_path, files[name], cache_dir, data_dir)
         assert swept[second]["compile"].startswith("cache miss"), (first, second, swept[second]["compile"])
-        assert_same_posterior(swept[second]["posterior"], reference_posterior(files[second]),
+        assert_same_posterior(swept[second]["posterior"], expected[second],
                               label=f"{second} swept after {first}")
     shifted, plain = swept["CustomDist logp shifted"]["posterior"], swept["CustomDist logp"]["posterior"]
     assert float(shifted["mu"].mean()) < float(plain["mu"].mean()) - 8.0  # the -10 shift, not a shared entry

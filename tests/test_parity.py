@@ -6,8 +6,10 @@ compile and fit stages, and ``pm.sample``, each in runner subprocesses that fit 
 after another, two runners at a time (the test process's PyTensor and numba state stays
 untouched, and a runner pays its imports once for its models). The reference compiles through
 PyTensor's JAX backend where it can, so no op implementation is shared by both sides
-(parity_run.fit_reference). A runner that dies is restarted for the models after the one it
-died on, which is recorded as crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
+(parity_run.fit_reference); its runners run in .venv-reference, which has JAX at the test venv's
+pymc, pytensor and nutpie (tests/venvs.py), so JAX is in no environment batchfit runs in. A
+runner that dies is restarted for the models after the one it died on, which is recorded as
+crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
 
 A model batchfit cannot fit is a bug to fix; only an understood upstream limitation may be
 ``xfail(strict=True)``, with its issue: when it starts to pass, the mark must go.
@@ -45,12 +47,12 @@ XFAIL: dict[str, str] = {}
 CASES = parity_corpus.cases()
 
 
-def _run_side(side: str, root: Path, names: list[str], log_name: str) -> None:
-    """Fit `names` with one runner process; after a crash, record it and go on with the rest."""
+def _run_side(side: str, python: Path, root: Path, names: list[str], log_name: str) -> None:
+    """Fit `names` with one runner process of `python`; after a crash, record it and go on with the rest."""
     log = (root / log_name).open("a")
     remaining = list(names)
     while remaining:
-        proc = subprocess.run([sys.executable, str(RUNNER), side, str(root), *remaining], stdout=log,
+        proc = subprocess.run([str(python), str(RUNNER), side, str(root), *remaining], stdout=log,
                               stderr=subprocess.STDOUT, timeout=MODEL_TIMEOUT * len(remaining), env=os.environ.copy())
         done = [n for n in remaining if (root / n / f"{side}.json").exists()]
         crashed = [n for n in remaining if n not in done and (root / n / f"{side}.started").exists()]
@@ -69,20 +71,22 @@ def _selected(session: pytest.Session) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def corpus(request, tmp_path_factory, session_cache) -> Path:
-    """The selected corpus models fitted by batchfit and by pm.sample; the directory holding the results."""
+def corpus(request, tmp_path_factory, session_cache, reference_python) -> Path:
+    """The selected corpus models fitted by batchfit (in this venv) and by pm.sample (in .venv-reference, with
+    JAX); the directory holding the results."""
     root = tmp_path_factory.mktemp("parity")
     names = _selected(request.session)
     for name in names:
         parity_corpus.write_case(CASES[name], root, session_cache)
     start = time.perf_counter()
+    python = {"batchfit": Path(sys.executable), "reference": reference_python}
     jobs = []
     for side in ("batchfit", "reference"):
         n_jobs = -(-len(names) // MODELS_PER_RUNNER[side])
         # every n_jobs-th model, so each job mixes large family models with small feature ones
-        jobs += [(side, names[j::n_jobs], f"{side}-{j}.log") for j in range(n_jobs)]
+        jobs += [(side, python[side], root, names[j::n_jobs], f"{side}-{j}.log") for j in range(n_jobs)]
     with ThreadPoolExecutor(RUNNERS) as pool:
-        for done in [pool.submit(_run_side, side, root, chunk, log) for side, chunk, log in jobs]:
+        for done in [pool.submit(_run_side, *job) for job in jobs]:
             done.result()
     results = {side: [json.loads((root / n / f"{side}.json").read_text()) for n in names]
                for side in ("batchfit", "reference")}

@@ -1,6 +1,7 @@
 """Datasets whose models differ in structure are all fitted: one compile per structure, and a
 structure batchfit's cached path cannot take goes through nutpie's own compile, as pm.sample does.
-Every posterior is checked against ``pm.sample(nuts_sampler="nutpie")`` on the same data.
+Every posterior is checked against ``pm.sample(nuts_sampler="nutpie")`` on the same data, which
+compiles through JAX in the reference venv (posterior_checks.reference_posteriors).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from posterior_checks import assert_same_posterior, sample_reference
+from posterior_checks import assert_same_posterior, reference_posteriors
 
 from batchfit.check import check_model
 from batchfit.config import config_from_dict
@@ -86,22 +87,30 @@ def sweep(tmp_path: Path, source: str, frames: dict[str, pd.DataFrame], session_
     return config
 
 
-def reference(config, dataset_id: str, **sample) -> xr.Dataset:
-    """pm.sample with nutpie (posterior_checks.sample_reference), or with the ``nuts_sampler`` that
-    ``sample`` names, on the dataset loaded exactly as batchfit loads it."""
-    import pymc as pm
-
+def loaded(config, dataset_id: str):
+    """The dataset loaded exactly as batchfit loads it."""
     from batchfit.coding import sweep_coding
     from batchfit.data import discover_datasets, load_dataset
-    from batchfit.modelfile import build_model, load_model_file
 
     paths = discover_datasets(config)
-    dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
-    model = build_model(load_model_file(config.model), dataset)
+    return load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+
+
+def reference(config, dataset_ids: list[str], python: Path) -> list[xr.Dataset]:
+    """pm.sample with nutpie on each dataset (posterior_checks.reference_posteriors, in one process of
+    the reference venv's `python`)."""
+    return reference_posteriors(python, [(config.model, loaded(config, d)) for d in dataset_ids],
+                                draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, random_seed=17)
+
+
+def pymc_reference(config, dataset_id: str, **sample) -> xr.Dataset:
+    """pm.sample with the ``nuts_sampler`` that ``sample`` names, in this process (no JAX involved)."""
+    import pymc as pm
+
+    from batchfit.modelfile import build_model, load_model_file
+
     settings = {"draws": SAMPLER["draws"], "tune": SAMPLER["tune"], "chains": 2, "random_seed": 17, **sample}
-    if "nuts_sampler" not in settings:
-        return sample_reference(model, **settings)[0].posterior
-    with model:
+    with build_model(load_model_file(config.model), loaded(config, dataset_id)):
         return pm.sample(progressbar=False, **settings).posterior
 
 
@@ -110,7 +119,8 @@ def attrs_and_posterior(config, dataset_id: str) -> tuple[dict, xr.Dataset]:
         return dict(tree.attrs), tree["posterior"].to_dataset().load()
 
 
-def test_datasets_of_different_structure_are_each_fitted_with_their_own_compile(tmp_path, session_cache):
+def test_datasets_of_different_structure_are_each_fitted_with_their_own_compile(tmp_path, session_cache,
+                                                                               reference_python):
     frames = {"three": grouped(1, 3), "four": grouped(2, 4), "three_b": grouped(3, 3)}
     config = sweep(tmp_path, PYTHON_INT_SHAPE, frames, session_cache)
     report = fit_batch(config, sorted(frames), batch_id="b")
@@ -119,8 +129,9 @@ def test_datasets_of_different_structure_are_each_fitted_with_their_own_compile(
     assert attrs["three"]["structure"] == attrs["three_b"]["structure"] != attrs["four"]["structure"]
     assert {a["sampler_path"] for a in attrs.values()} == {"cached"}
     assert attrs["three"]["compile_key"] != attrs["four"]["compile_key"]
-    for name in ("four", "three_b"):
-        assert_same_posterior(attrs_and_posterior(config, name)[1], reference(config, name), label=name)
+    names = ["four", "three_b"]
+    for name, expected in zip(names, reference(config, names, reference_python), strict=True):
+        assert_same_posterior(attrs_and_posterior(config, name)[1], expected, label=name)
 
 
 def test_too_many_structures_is_an_error_that_says_how_to_fix_it(tmp_path, session_cache):
@@ -146,7 +157,7 @@ BAKED_OBSERVED = textwrap.dedent("""\
 """)
 
 
-def fitted_through_nutpie(tmp_path, session_cache, source: str, frames: dict[str, pd.DataFrame],
+def fitted_through_nutpie(tmp_path, session_cache, reference_python, source: str, frames: dict[str, pd.DataFrame],
                           warned: str) -> list[str]:
     """Sweep ``frames``: every dataset must be fitted through nutpie's own compile with the posterior
     pm.sample gives on its own data. Returns the warnings containing ``warned``."""
@@ -155,33 +166,39 @@ def fitted_through_nutpie(tmp_path, session_cache, source: str, frames: dict[str
         warnings.simplefilter("always")
         report = fit_batch(config, sorted(frames), batch_id="b")
     assert [o.status for o in report.outcomes] == ["ok"] * len(frames), report.outcomes
-    for name in frames:
+    names = sorted(frames)
+    for name, expected in zip(names, reference(config, names, reference_python), strict=True):
         attrs, posterior = attrs_and_posterior(config, name)
         assert attrs["sampler_path"] == "nutpie" and attrs["compile_key"] == ""
         # the values differ per dataset: each must be sampled with its own, not the first one's
-        assert_same_posterior(posterior, reference(config, name), label=name)
+        assert_same_posterior(posterior, expected, label=name)
     return [str(w.message) for w in caught if warned in str(w.message)]
 
 
-def test_a_model_with_baked_in_values_is_fitted_per_dataset_with_its_own_values(tmp_path, session_cache, caplog):
+def test_a_model_with_baked_in_values_is_fitted_per_dataset_with_its_own_values(tmp_path, session_cache, caplog,
+                                                                                reference_python):
     """Two datasets of equal size whose observed values are baked in (a compiled model shared
     between them would give both the first one's posterior), with one warning, and each
     dataset's structure built once (the reference dataset's is also the job's reference)."""
     frames = {f"d{i}": grouped(i, 2).assign(y=lambda f, i=i: f["y"] + 4.0 * i) for i in range(2)}
     caplog.set_level(logging.INFO, logger="batchfit")
-    messages = fitted_through_nutpie(tmp_path, session_cache, BAKED_OBSERVED, frames, "baked into the model")
+    messages = fitted_through_nutpie(tmp_path, session_cache, reference_python, BAKED_OBSERVED, frames,
+                                     "baked into the model")
     assert len(messages) == 1 and "column 'y'" in messages[0], messages
     for name in frames:
         assert caplog.text.count(f"{name}: fitted through nutpie's own compile") == 1, caplog.text
 
 
-def test_a_structure_the_cached_path_cannot_take_is_fitted_through_nutpie_with_a_warning(tmp_path, session_cache):
+def test_a_structure_the_cached_path_cannot_take_is_fitted_through_nutpie_with_a_warning(tmp_path, session_cache,
+                                                                                         reference_python):
     frames = {f"d{i}": grouped(i, 2).assign(y=lambda f, i=i: f["y"] + 3.0 * i) for i in range(3)}
-    messages = fitted_through_nutpie(tmp_path, session_cache, PLAIN_SHARED, frames, "compile_pymc_model")
+    messages = fitted_through_nutpie(tmp_path, session_cache, reference_python, PLAIN_SHARED, frames,
+                                     "compile_pymc_model")
     assert len(messages) == 1 and "offset" in messages[0], messages  # one warning, naming the reason
 
 
-def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callbacks(tmp_path, session_cache, caplog):
+def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callbacks(tmp_path, session_cache, caplog,
+                                                                                     reference_python):
     """A cached callback cannot call an object-mode op: the compile says so, naming the op, and the
     structure is fitted through nutpie's own compile without first failing on the cached path."""
     frames = {"d": pd.DataFrame({"group": "g0", "y": np.round(np.random.default_rng(5).normal(0.6, 0.3, 20), 4)})}
@@ -195,7 +212,7 @@ def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callba
     assert "cached path failed" not in caplog.text
     attrs, posterior = attrs_and_posterior(config, "d")
     assert attrs["sampler_path"] == "nutpie"
-    assert_same_posterior(posterior, reference(config, "d"), label="d")
+    assert_same_posterior(posterior, reference(config, ["d"], reference_python)[0], label="d")
 
 # A slope known to be a whole number: a discrete free variable, which NUTS cannot sample. pm.sample
 # gives it PyMC's Metropolis (and the intercept and noise NUTS); nutpie refuses the model. (It mixes
@@ -240,7 +257,8 @@ def test_a_model_with_discrete_free_variables_is_fitted_by_pm_samples_own_step_m
         attrs, posterior = attrs_and_posterior(config, name)
         assert attrs["sampler_path"] == "pymc" and attrs["compile_key"] == ""
         # nuts_sampler=None: what pm.sample picks for the model itself (PyMC's samplers here)
-        assert_same_posterior(posterior, reference(config, name, nuts_sampler=None, cores=1, **settings), label=name)
+        expected = pymc_reference(config, name, nuts_sampler=None, cores=1, **settings)
+        assert_same_posterior(posterior, expected, label=name)
 
 
 # Only a discrete free variable: no NUTS step at all, so no NUTS settings and no divergences.
@@ -265,13 +283,13 @@ def test_a_model_with_only_discrete_free_variables_is_fitted_and_records_no_dive
     assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
     attrs, posterior = attrs_and_posterior(config, "d")
     assert attrs["sampler_path"] == "pymc"
-    assert_same_posterior(posterior, reference(config, "d", nuts_sampler=None, cores=1), label="d")
+    assert_same_posterior(posterior, pymc_reference(config, "d", nuts_sampler=None, cores=1), label="d")
     with xr.open_datatree(config.fit_path("d")) as tree:  # collect counts divergences from it
         assert not tree["sample_stats"]["diverging"].values.any()
 
 
 @pytest.mark.parametrize("n_rows", [30])
-def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, session_cache, n_rows):
+def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, session_cache, n_rows, reference_python):
     source = PLAIN_SHARED.replace('float(data["y"].mean())', "0.5")  # the same baked value everywhere
     frames = {f"d{i}": grouped(10 + i, 2, n_rows).assign(y=lambda f, i=i: f["y"] * (1 + i)) for i in range(2)}
     config = sweep(tmp_path, source, frames, session_cache)
@@ -280,4 +298,4 @@ def test_nutpie_path_swaps_pm_data_between_datasets_of_equal_sizes(tmp_path, ses
         report = fit_batch(config, sorted(frames), batch_id="b")
     assert [o.status for o in report.outcomes] == ["ok"] * 2, report.outcomes
     posterior = attrs_and_posterior(config, "d1")[1]
-    assert_same_posterior(posterior, reference(config, "d1"), label="d1 after d0 (with_data)")
+    assert_same_posterior(posterior, reference(config, ["d1"], reference_python)[0], label="d1 after d0 (with_data)")
