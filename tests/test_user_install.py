@@ -35,8 +35,8 @@ BATCH_SIZE = 4
 N_DATASETS = 5  # with BATCH_SIZE, a job of 4 datasets and a job of 1
 # What a fit log says when a dataset left batchfit's cached path (batchfit.fit, batchfit.structures)
 FALLBACK = ("batchfit's cached path failed", "nutpie's own compile")
-# Set by the test session for its own processes: a user's sweep has none of them (batchfit then puts
-# PyTensor's and numba's caches in the sweep's cache_dir).
+# Set by the test session (tests/conftest.py: its compile cache) or by the test venv: a user's shell has
+# none of them, so neither do these sweeps (whose caches are then only their cache_dir's).
 SESSION_ONLY = ("PYTENSOR_FLAGS", "NUMBA_CACHE_DIR", "BATCHFIT_TEST_CACHE", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
 pytestmark = pytest.mark.slow
