@@ -36,16 +36,17 @@ DATASET_ID = "store_000"
 def child(args: argparse.Namespace) -> None:
     """One measured process: import, build, get a sampler (batchfit or nutpie), sample once."""
     if args.child == "batchfit":
-        from batchfit.cache import open_cache
+        from batchfit.cache.store import open_cache
 
         cache = open_cache(args.cache)  # sets PyTensor's compile dir before PyTensor is imported
     import numpy as np
     import nutpie
     import pymc  # noqa: F401
 
-    from batchfit.compile import ModelSource, compile_model
-    from batchfit.data import load_dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.compile.build import compile_model
+    from batchfit.compile.workers import ModelSource
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     t_import = time.perf_counter()
     repo = HERE.parent

@@ -4,11 +4,11 @@
 
 Writes N synthetic fits shaped like the example model's (``models/hierarchical.py``: mu_a,
 sigma_a, a[groups] with 3-8 groups, b, sigma; 2 chains x 200 draws; nutpie's sample stats; 30
-rows of data) through batchfit's own write path (``batchfit.fit.write_fit``), with draws from a
+rows of data) through batchfit's own write path (``batchfit.fitting.fit_file.write_fit``), with draws from a
 random generator (no sampling: this measures collect alone). Fits are written once under
 benchmarks/results/collect/fits/ and shared by every N (the first N of them).
 
-For each N, one child process runs ``batchfit.collect.collect`` (the `collect` rule's library
+For each N, one child process runs ``batchfit.outputs.collect.collect`` (the `collect` rule's library
 call) on an empty results directory, its wall time and peak RSS polled with psutil (common.py);
 then the same collect again with nothing changed (every summary and posterior block reused).
 Printed: seconds per dataset, peak RSS, and the ratios between the largest N and the one before
@@ -49,8 +49,8 @@ def write_fits(n: int) -> float:
     import numpy as np
     import xarray as xr
 
-    from batchfit.fit import write_fit
-    from batchfit.variables import FREE, ROLE_ATTR
+    from batchfit.fitting.fit_file import write_fit
+    from batchfit.model.variables import FREE, ROLE_ATTR
 
     FITS.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -93,8 +93,8 @@ def write_fits(n: int) -> float:
 def child(results: Path, n: int) -> None:
     """One collect of the first n fits into `results` (fits linked in); prints a JSON line."""
     start = time.perf_counter()
-    from batchfit.collect import collect
     from batchfit.config import config_from_dict
+    from batchfit.outputs.collect import collect
 
     imported = time.perf_counter()
     config = config_from_dict({"model": "models/hierarchical.py", "datasets": ["*.csv"], "results_dir": str(results)})

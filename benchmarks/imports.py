@@ -26,7 +26,7 @@ from common import PY, RESULTS, fresh_dir, machine_line
 
 CHILD = """
 import time
-import pymc, pytensor.link.numba.dispatch, batchfit.fit
+import pymc, pytensor.link.numba.dispatch, batchfit.fitting.fitter
 start = time.perf_counter()
 {how}
 print(time.perf_counter() - start)

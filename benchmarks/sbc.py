@@ -64,8 +64,8 @@ def simuk_child(out: str, n: int, cores: int, seed: int) -> None:
     import simuk
     import xarray as xr
 
-    from batchfit.data import load_dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     sampler = example_sampler()
     model = build_model(load_model_file(MODEL), load_dataset(TEMPLATE.stem, TEMPLATE))
@@ -102,7 +102,8 @@ def batchfit_run(root: Path, n: int, cores: int, seed: int):
 
 def elements(group, n_draws: int) -> dict[str, np.ndarray]:
     """Label -> ranks over simulations, from a `prior_sbc` group (chain=1, draw=simulation, ...)."""
-    from batchfit.sbc import Ranked, element_ranks
+    from batchfit.sweep.sbc.pit import Ranked
+    from batchfit.sweep.sbc.ranks import element_ranks
 
     out = {}
     for name, var in group.data_vars.items():
@@ -163,7 +164,8 @@ def report(root: Path, cores: int) -> None:
     import xarray as xr
     from scipy import stats
 
-    from batchfit.sbc import pit_values, uniformity
+    from batchfit.sweep.sbc.pit import pit_values
+    from batchfit.sweep.sbc.ranks import uniformity
 
     walls = json.loads((root / "walls.json").read_text())
     bf_root = root / "batchfit" / "results" / "sbc"
@@ -246,7 +248,7 @@ def stages(snakemake_log: Path, sbc_root: Path):
 
 def _scalar(values: np.ndarray):
     """One element's ranks as a parameter of its own, for `uniformity`."""
-    from batchfit.sbc import Ranked
+    from batchfit.sweep.sbc.pit import Ranked
 
     return Ranked(np.asarray(values), (), {})
 

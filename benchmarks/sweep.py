@@ -278,10 +278,10 @@ def stage_line(stages: dict[str, dict[str, float]]) -> str:
 
 def compare(n: int, cores: int) -> list[dict]:
     """The four methods side by side on ``n`` example datasets; rows for sweep.csv."""
-    from batchfit.cache import CacheDir
+    from batchfit.cache.store import CacheDir
     from batchfit.config import load_config
-    from batchfit.fit import dataset_seed
-    from batchfit.pipeline import compile_stamp_path
+    from batchfit.fitting.fitter import dataset_seed
+    from batchfit.sweep.plan import compile_stamp_path
 
     root = fresh_dir(RESULTS / "sweep" / f"n{n}")
     sampler = example_sampler()
@@ -460,8 +460,8 @@ def write_tiny(n: int, out_dir: Path) -> list[Path]:
 def scaling(ns: list[int], cores: int) -> None:
     """Warm batchfit sweeps of tiny datasets at each N beside pure sampling: scaling.csv and scaling.png."""
     from batchfit.config import load_config
-    from batchfit.fit import dataset_seed
-    from batchfit.pipeline import compile_stamp_path
+    from batchfit.fitting.fitter import dataset_seed
+    from batchfit.sweep.plan import compile_stamp_path
 
     root = fresh_dir(RESULTS / "scaling")
     sampler = {**example_sampler(), "draws": 200, "tune": 200}

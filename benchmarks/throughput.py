@@ -16,7 +16,7 @@ callbacks can.
 Then, on that warm cache, ``chains: 1`` fit jobs (``fit_batch``, each in a fresh process) of
 ``--lanes-n`` datasets: one with 1 thread, held to one core (``os.sched_setaffinity``, as a
 cluster's allocation of one core would: unpinned, its main thread and its chain already use two
-cores), and one with 2 threads (two lanes: the job's process and a helper, `batchfit.lanes`).
+cores), and one with 2 threads (two lanes: the job's process and a helper, `batchfit.fitting.lanes`).
 Printed: their throughput over the second half of the batch (steady state) and over the whole
 job from ``fit_batch``'s call (with the helper's start), and the ratio (target >= 1.8).
 
@@ -56,8 +56,8 @@ def child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     import nutpie
 
-    import batchfit.fit as fit
-    from batchfit.data import load_dataset
+    import batchfit.fitting.fitter as fit
+    from batchfit.data.dataset import load_dataset
 
     t_import = time.perf_counter()
     cache, paths, ref = fit.prepare(config)
@@ -120,7 +120,7 @@ def job(args: argparse.Namespace) -> None:
 
     if args.job == 1:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a one-core allocation
-    from batchfit.fit import fit_batch
+    from batchfit.fitting.batch import fit_batch
 
     config = child_config(args, chains=1)
     finished: list[float] = []

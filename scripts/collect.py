@@ -1,8 +1,9 @@
 """Snakemake rule `collect`: posteriors.nc, summary.csv and failures.csv for the whole sweep."""
 import logging
 
-from batchfit.pipeline import log_to, run_collect, snakemake_config
-from batchfit.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
+from batchfit.sweep.stages import run_collect
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

@@ -1,14 +1,16 @@
 """Snakemake rule `compile`: fill the compiled-function cache before the fit jobs."""
-from batchfit.standby import compile_workers
+from batchfit.compile.workers import compile_workers
 
 # Started first: the worker a miss waits for imports beside this script's own imports.
 with compile_workers(snakemake.threads) as workers:
-    from batchfit.pipeline import log_to, run_compile, snakemake_config, write_json
+    from batchfit.common.atomic import write_json
+    from batchfit.sweep.snakemake_job import log_to, snakemake_config
+    from batchfit.sweep.stages import run_compile
 
     config = snakemake_config(snakemake.config, "the Snakemake config")
     with log_to(snakemake.log[0]):
         write_json(snakemake.output[0], run_compile(config, workers=workers))
 
-from batchfit.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit
 
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -1,7 +1,7 @@
 """Snakemake rule `plots`: health and forest plots under results_dir/plots/."""
-from batchfit.pipeline import log_to, snakemake_config
-from batchfit.plots import write_plots
-from batchfit.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit
+from batchfit.outputs.plots import write_plots
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

@@ -1,7 +1,7 @@
 """Snakemake rule `report_pages`: health, tables and provenance as HTML under results_dir/report/."""
-from batchfit.pipeline import log_to, snakemake_config
-from batchfit.quick_exit import quick_exit
-from batchfit.report import write_report_pages
+from batchfit.common.quick_exit import quick_exit
+from batchfit.outputs.report import write_report_pages
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

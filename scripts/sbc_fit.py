@@ -1,8 +1,8 @@
 """Snakemake rule `sbc_fit`: fit one batch of simulated datasets with one compiled model."""
-from batchfit.fit import fit_batch
-from batchfit.pipeline import log_to, snakemake_config
-from batchfit.quick_exit import quick_exit
-from batchfit.sbc import sbc_config
+from batchfit.common.quick_exit import quick_exit
+from batchfit.fitting.batch import fit_batch
+from batchfit.sweep.sbc.sweep import sbc_config
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = sbc_config(snakemake_config(snakemake.config, snakemake.params.config_source))
 with log_to(snakemake.log[0]):

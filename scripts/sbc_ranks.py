@@ -2,9 +2,9 @@
 import logging
 import sys
 
-from batchfit.pipeline import log_to, snakemake_config
-from batchfit.quick_exit import quick_exit
-from batchfit.sbc import rank_simulations
+from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.sbc.ranks import rank_simulations
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

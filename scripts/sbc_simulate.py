@@ -1,9 +1,10 @@
 """Snakemake checkpoint `sbc_simulate`: write the missing or outdated simulated datasets."""
 import logging
 
-from batchfit.pipeline import log_to, snakemake_config, write_json
-from batchfit.quick_exit import quick_exit
-from batchfit.sbc import simulate
+from batchfit.common.atomic import write_json
+from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.sbc.simulate import simulate
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

@@ -5,8 +5,9 @@ A local rule: its stderr is the user's terminal, also on a cluster; the rule's l
 import logging
 import sys
 
-from batchfit.pipeline import failure_line, log_to, snakemake_config
-from batchfit.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
+from batchfit.sweep.stages import failure_line
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):

@@ -88,8 +88,8 @@ def fit_batchfit(directory: Path) -> None:
     The fit stage alone, as the CLI's ``fit`` runs it (it compiles on a cache miss): the compile
     stage's extra nopython check would compile every model twice.
     """
-    from batchfit import pipeline
     from batchfit.config import load_config
+    from batchfit.sweep import stages as pipeline
 
     config = load_config(directory / "config.yaml")
     pipeline.run_fit(config, threads=2)

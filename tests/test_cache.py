@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchfit.cache import CacheDir, compile_lock, read_entry
+from batchfit.cache.store import CacheDir, compile_lock, read_entry
 from batchfit.errors import CacheError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def simulate(model_file: Path, out_dir: Path, indices: list[int], *, seed: int =
     """Datasets ``d{i}.csv`` from the model file's ``simulate(rng, i)``."""
     import pandas as pd  # noqa: F401 - the model files return DataFrames
 
-    from batchfit.modelfile import load_model_file
+    from batchfit.model.model_file import load_model_file
 
     module = load_model_file(model_file)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -158,10 +158,11 @@ WARM_SCRIPT = textwrap.dedent("""
         return _core(self)
     compiler.CompilerBase._compile_core = counting_core
 
-    from batchfit.cache import open_cache
-    from batchfit.compile import ModelSource, compile_model
-    from batchfit.data import load_dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.cache.store import open_cache
+    from batchfit.compile.build import compile_model
+    from batchfit.data.dataset import load_dataset
+    from batchfit.compile.workers import ModelSource
+    from batchfit.model.model_file import build_model, load_model_file
     import nutpie
 
     cache_dir, model_file, data_file = map(Path, sys.argv[1:4])
@@ -220,10 +221,11 @@ def warm_process_compiles_nothing(model_file: Path, data_file: Path, cache_dir: 
 
 def prime(model_file: Path, data_file: Path, cache_dir: Path) -> str:
     """Make sure the cache holds the model's entry (compiled in a worker if absent); its key."""
-    from batchfit.cache import open_cache
-    from batchfit.compile import ModelSource, compile_model
-    from batchfit.data import load_dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.cache.store import open_cache
+    from batchfit.compile.build import compile_model
+    from batchfit.compile.workers import ModelSource
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     dataset = load_dataset(data_file.stem, data_file)
     model = build_model(load_model_file(model_file), dataset)
@@ -246,7 +248,7 @@ FIT_SCRIPT = textwrap.dedent("""
     import json, sys, time, warnings
     from pathlib import Path
     from batchfit.config import config_from_dict
-    from batchfit.fit import fit_batch
+    from batchfit.fitting.batch import fit_batch
 
     config = config_from_dict(json.loads(Path(sys.argv[1]).read_text()))
     ids = sys.argv[2].split(",")
@@ -364,15 +366,15 @@ KEY_MODEL = textwrap.dedent("""
 
 
 def _dataset(name: str, **arrays: np.ndarray):
-    from batchfit.data import Dataset
+    from batchfit.data.dataset import Dataset
 
     return Dataset(id=name, path=Path(f"{name}.csv"), arrays=dict(arrays), coords={})
 
 
 def test_keys_ignore_sizes_but_not_structure_or_types(tmp_path):
-    from batchfit.data import load_dataset
-    from batchfit.graphs import sampler_key
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.compile.graphs import sampler_key
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     small, large = simulate(HIERARCHICAL, tmp_path / "data", [0, 5])
     hierarchical = load_model_file(HIERARCHICAL)
@@ -400,10 +402,10 @@ def test_keys_ignore_sizes_but_not_structure_or_types(tmp_path):
 
 
 def test_library_upgrade_changes_the_key(monkeypatch, session_cache, tmp_path):
-    import batchfit.fingerprint as fp
-    from batchfit.data import load_dataset
-    from batchfit.graphs import sampler_key
-    from batchfit.modelfile import build_model, load_model_file
+    import batchfit.compile.fingerprint as fp
+    from batchfit.compile.graphs import sampler_key
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     [data] = simulate(HIERARCHICAL, tmp_path / "data", [2])
     model = build_model(load_model_file(HIERARCHICAL), load_dataset("d", data))
@@ -429,7 +431,7 @@ def test_library_upgrade_changes_the_key(monkeypatch, session_cache, tmp_path):
 
 HOLD_LOCK = textwrap.dedent("""
     import sys, time
-    from batchfit.cache import compile_lock, open_cache
+    from batchfit.cache.store import compile_lock, open_cache
     cache = open_cache(sys.argv[1])
     with compile_lock(cache, sys.argv[2], 5.0) as locked:
         print("locked" if locked else "not locked", flush=True)
@@ -522,7 +524,7 @@ def test_damaged_entry_is_reported_and_rebuilt(concurrent_run, tmp_path, damage)
 # --- 6. trust ------------------------------------------------------------------------------------
 
 def test_foreign_world_writable_cache_is_refused_unless_trusted(tmp_path, isolated_pytensor_dirs):
-    from batchfit.cache import open_cache
+    from batchfit.cache.store import open_cache
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -539,7 +541,7 @@ def test_foreign_world_writable_cache_is_refused_unless_trusted(tmp_path, isolat
 
 
 def test_world_writable_cache_of_our_own_warns(tmp_path, isolated_pytensor_dirs):
-    from batchfit.cache import open_cache
+    from batchfit.cache.store import open_cache
 
     private = tmp_path / "private"
     with warnings.catch_warnings():
@@ -560,7 +562,7 @@ def test_opening_another_cache_moves_pytensor_numba_code_back(tmp_path, session_
     """A process that opens two caches in turn compiles PyTensor code into the one opened last."""
     import pytensor.link.numba.cache as pytensor_numba_cache
 
-    from batchfit.cache import open_cache
+    from batchfit.cache.store import open_cache
 
     open_cache(tmp_path / "other")
     numba_dir = (tmp_path / "other" / "pytensor" / "numba").resolve()

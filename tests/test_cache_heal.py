@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from test_cache import assert_same_draws, cli, env_for, posterior
 
-from batchfit.cache import CacheDir
-from batchfit.cache_heal import Damage, file_problem, find_damage, is_damage_error, remove_damage
+from batchfit.cache.heal import Damage, file_problem, find_damage, is_damage_error, remove_damage
+from batchfit.cache.store import CacheDir
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "example" / "store_000.csv"

@@ -13,8 +13,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def compiled(session_cache):
-    from batchfit.cache import open_cache
-    from batchfit.compile import compile_model
+    from batchfit.cache.store import open_cache
+    from batchfit.compile.build import compile_model
 
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 1.0)
@@ -57,8 +57,8 @@ def call_expand(compiled_model, mu: float, record: np.ndarray) -> int:
 def test_an_error_in_the_log_density_is_a_rejected_point(session_cache):
     from pytensor.raise_op import Assert
 
-    from batchfit.cache import open_cache
-    from batchfit.compile import compile_model
+    from batchfit.cache.store import open_cache
+    from batchfit.compile.build import compile_model
 
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 1.0)

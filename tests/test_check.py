@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchfit.check import check_model
 from batchfit.config import config_from_dict
+from batchfit.sweep.check import check_model
 
 BAKED = textwrap.dedent("""\
     import numpy as np
@@ -102,7 +102,7 @@ def test_check_names_the_path_of_a_structure_the_cached_path_cannot_take(tmp_pat
 
 @pytest.mark.parametrize("source", [FIXED])
 def test_a_model_that_passes_check_compiles(tmp_path, source):
-    from batchfit.pipeline import run_compile
+    from batchfit.sweep.stages import run_compile
 
     config = project(tmp_path, source)
     assert check_model(config).ok
@@ -122,7 +122,7 @@ def _sized_model(n_groups: int, centres: np.ndarray) -> object:
 
 def test_a_structure_difference_names_the_values_of_constants_of_one_shape():
     """3 groups against 4: the differing constant has shape (1,) in both, so only its values tell."""
-    from batchfit.check import structure_differences
+    from batchfit.sweep.check import structure_differences
 
     centres = np.arange(20.0)
     [line] = structure_differences(_sized_model(3, centres), _sized_model(4, centres))
@@ -130,7 +130,7 @@ def test_a_structure_difference_names_the_values_of_constants_of_one_shape():
 
 
 def test_a_structure_difference_in_a_long_array_names_its_first_differing_entry():
-    from batchfit.check import structure_differences
+    from batchfit.sweep.check import structure_differences
 
     centres = np.arange(20.0)
     moved = centres.copy()

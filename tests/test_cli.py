@@ -58,7 +58,7 @@ def test_help_runs_for_every_command() -> None:
 
 
 def test_a_config_error_exits_2_with_its_message_on_stderr(tmp_path: Path) -> None:
-    """The console script ends through `batchfit.quick_exit`: its code and message still arrive."""
+    """The console script ends through `batchfit.common.quick_exit`: its code and message still arrive."""
     run = subprocess.run([BATCHFIT, "status", "--config", str(tmp_path / "missing.yaml")], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2 and "missing.yaml" in run.stderr and "cannot read the config file" in run.stderr
@@ -69,7 +69,7 @@ def test_quick_exit_flushes_logs_and_streams_and_keeps_the_exit_code(tmp_path: P
     stderr (a pipe, so fully buffered), and the code is the process's exit code."""
     code = f"""
 import logging, sys
-from batchfit.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit
 logging.getLogger().addHandler(logging.FileHandler({str(tmp_path / "job.log")!r}))
 logging.getLogger().warning("logged line")
 print("to stdout", end="")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from batchfit.config import config_from_dict
-from batchfit.pipeline import fit_resources
+from batchfit.sweep.resources import fit_resources
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "hierarchical.py"
@@ -22,7 +22,7 @@ MODEL = REPO / "models" / "hierarchical.py"
 
 def sweep_with_a_broken_dataset(root: Path, cache: Path) -> Path:
     """Four good datasets and one whose `y` column is missing, in batches of two; its config file."""
-    from batchfit.simulate import simulate_datasets
+    from batchfit.model.simulate import simulate_datasets
 
     paths = simulate_datasets(MODEL, root / "data", 4, seed=3, prefix="shop")
     pd.read_csv(paths[0]).drop(columns="y").to_csv(root / "data" / "shop_broken.csv", index=False)
@@ -76,7 +76,7 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
 
 def test_a_batch_that_ran_is_retried_under_a_new_name(tmp_path):
     """Its datasets are still pending (they failed): Snakemake must see a job not yet done."""
-    from batchfit.pipeline import batch_id, untried_batch_id
+    from batchfit.sweep.plan import batch_id, untried_batch_id
 
     config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)], "results_dir": str(tmp_path)})
     first = untried_batch_id(config, ["a", "b"], ["1", "2"])
@@ -113,7 +113,7 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
 
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:
     """The CPU target of the cache key, as a fresh process that applies ``cpu_target`` sees it."""
-    code = ("import json, sys; from batchfit.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
+    code = ("import json, sys; from batchfit.compile.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
             "import numba, llvmlite.binding as llvm; from batchfit import fingerprint as fp;"
             "print(json.dumps([fp.environment_fingerprint(), numba.config.CPU_NAME, numba.config.CPU_FEATURES,"
             "llvm.get_host_cpu_name()]))")
@@ -139,7 +139,7 @@ def test_generic_cpu_target_gives_numba_a_portable_cpu_and_its_own_cache_key():
 def test_cpu_target_cannot_change_once_numba_is_loaded():
     import numba  # noqa: F401 - loaded for the host CPU, as in every test process
 
-    from batchfit.cputarget import apply_cpu_target
+    from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.errors import BatchfitError
 
     with pytest.raises(BatchfitError, match="cache.cpu_target 'generic' .* must be set before numba is loaded"):

@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from batchfit.coding import Coding, registry_path, sweep_coding
 from batchfit.config import Config, config_from_dict
-from batchfit.data import DataRequirement, check_dataset, load_dataset
+from batchfit.data.coding import registry_path, sweep_coding
+from batchfit.data.dataset import DataRequirement, check_dataset, load_dataset
+from batchfit.data.labels import Coding
 from batchfit.errors import ConfigError, DatasetError
 
 INT = DataRequirement(ndim=1, dtype=np.dtype("int64"))
@@ -216,7 +217,7 @@ def poisson_sweep(tmp_path: Path, session_cache: Path) -> Config:
 
 
 def test_check_reports_the_typo_with_file_column_row_and_value(poisson_sweep: Config) -> None:
-    from batchfit.check import check_model
+    from batchfit.sweep.check import check_model
 
     report = check_model(poisson_sweep)
     assert set(report.dataset_problems) == {"s3"}
@@ -226,7 +227,7 @@ def test_check_reports_the_typo_with_file_column_row_and_value(poisson_sweep: Co
 
 
 def test_fit_fails_the_typo_before_sampling_and_stores_labels_with_codes(poisson_sweep: Config) -> None:
-    from batchfit.fit import fit_batch
+    from batchfit.fitting.batch import fit_batch
 
     report = fit_batch(poisson_sweep, ["s1", "s2", "s3"], batch_id="b")
     outcomes = {o.dataset: o for o in report.outcomes}
@@ -250,10 +251,10 @@ def test_a_planned_sweep_writes_its_registry_and_digests_when_its_run_starts(tmp
     import os
     import shutil
 
-    import batchfit.coding as coding_module
-    import batchfit.provenance as provenance
-    from batchfit.data import discover_datasets
-    from batchfit.pipeline import plan, write_plan
+    import batchfit.data.coding as coding_module
+    import batchfit.fitting.provenance as provenance
+    from batchfit.data.discovery import discover_datasets
+    from batchfit.sweep.plan import plan, write_plan
 
     write(tmp_path / "data", {"s1": "sex,y\nM,1\n", "s2": "sex,y\nF,2\nM,3\n"})
     for path in (tmp_path / "data").iterdir():  # older than a racy write: their digests are kept

@@ -17,12 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import batchfit
-from batchfit.atomic import atomic_path, remove_stale_temporaries
-from batchfit.collect import collect, collect_fits, dataset_health
-from batchfit.combined import dataset_posterior
+from batchfit.common.atomic import atomic_path, remove_stale_temporaries
 from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
-from batchfit.variables import DETERMINISTIC, ROLE_ATTR
+from batchfit.model.variables import DETERMINISTIC, ROLE_ATTR
+from batchfit.outputs.collect import collect, collect_fits
+from batchfit.outputs.combined import dataset_posterior
+from batchfit.outputs.summaries import dataset_health
 
 CHAINS, DRAWS = 2, 50
 
@@ -343,7 +344,7 @@ def test_dataset_health(sweep: Config) -> None:
 
 
 def test_a_health_reason_shows_why_the_value_crossed() -> None:
-    from batchfit.collect import _health
+    from batchfit.outputs.health import _health
 
     health = _health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), 3, Health(max_r_hat=1.01, min_ess_bulk=400))
     assert health["reasons"] == ["3 divergences > 0", "max r_hat 1.0104 > 1.01", "min ess_bulk 399.6 < 400"]
@@ -365,7 +366,7 @@ def value_and_threshold(draw: st.DrawFn) -> tuple[float, float]:
 
 @given(value_and_threshold(), st.integers(0, 6))
 def test_a_shown_value_reads_on_its_own_side_of_the_shown_threshold(pair: tuple[float, float], decimals: int) -> None:
-    from batchfit.collect import number_text, shown_against
+    from batchfit.outputs.health import number_text, shown_against
 
     value, threshold = pair
     shown, shown_threshold = float(shown_against(value, threshold, decimals)), float(number_text(threshold))
@@ -510,7 +511,8 @@ def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:
 
 
 def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Config, monkeypatch) -> None:
-    import batchfit.collect as collect_module
+    import batchfit.outputs.collect as collect_module
+    import batchfit.outputs.summaries as summaries_module
 
     def not_again(path):
         raise AssertionError(f"{path} was read a second time")
@@ -519,12 +521,13 @@ def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Confi
     report = collect(sweep, IDS)
     assert report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
     assert_posteriors_equal_fits(sweep, report.posterior_read_ids)
-    assert not (sweep.results_dir / "summaries" / collect_module.STAGED).exists()  # nothing left behind
+    assert not (sweep.results_dir / "summaries" / summaries_module.STAGED).exists()  # nothing left behind
 
 
 def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> None:
-    import batchfit.collect as collect_module
-    from batchfit.combined import read_posterior
+    import batchfit.outputs.collect as collect_module
+    import batchfit.outputs.summaries as summaries_module
+    from batchfit.outputs.combined import read_posterior
 
     read = []
 
@@ -532,7 +535,7 @@ def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> 
         read.append(path.stem)
         return read_posterior(path)
 
-    monkeypatch.setattr(collect_module, "STAGE_MAX_BYTES", 0)
+    monkeypatch.setattr(summaries_module, "STAGE_MAX_BYTES", 0)
     monkeypatch.setattr(collect_module, "read_posterior", noted)
     report = collect(sweep, IDS)
     assert read == report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
@@ -541,7 +544,7 @@ def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> 
 
 def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> None:
     """Draws staged for a fit since refitted are not used, nor are damaged ones: the fit is read."""
-    from batchfit.collect import STAGED, SummaryCache
+    from batchfit.outputs.summaries import STAGED, SummaryCache
 
     cache = SummaryCache(sweep.results_dir / "summaries", sweep.summary, sweep.health)
     cache.entry("store_07", sweep.fit_path("store_07"))  # staged, then a collect stopped before posteriors.nc
@@ -560,20 +563,20 @@ def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> N
 def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:
     """With workers, the new fits are shared out between this process and helper processes (some
     summarised here, the others in helpers), and collect's outputs equal a collect without workers."""
-    import batchfit.collect as collect_module
-    import batchfit.summary_workers as summary_workers
+    import batchfit.outputs.summary_helpers as summary_workers
+    from batchfit.outputs.summaries import SummaryCache
 
     write_fit(sweep, "store 08", 5, seed=8)  # a helper reports ids a line each: a space is part of one
     ids = [*IDS, "store 08"]
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 2)  # a process per 2 fits, not per 25
     here = []
-    compute = collect_module.SummaryCache._compute
+    compute = SummaryCache._compute
 
     def recorded(self, dataset_id, path):
         here.append(dataset_id)
         return compute(self, dataset_id, path)
 
-    monkeypatch.setattr(collect_module.SummaryCache, "_compute", recorded)
+    monkeypatch.setattr(SummaryCache, "_compute", recorded)
     with caplog.at_level("INFO", logger="batchfit"):
         report = collect(sweep, ids, workers=2)
     assert "summarised 5 fits in 2 processes" in caplog.text
@@ -587,7 +590,7 @@ def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monk
 def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: Path, monkeypatch) -> None:
     """A helper that exits at once (here every helper: a "Python" that is /bin/false) writes nothing;
     collect summarises its share itself and its outputs are those of a collect without helpers."""
-    import batchfit.summary_workers as summary_workers
+    import batchfit.outputs.summary_helpers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
     monkeypatch.setattr(summary_workers.sys, "executable", shutil.which("false"))
@@ -600,7 +603,7 @@ def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: 
 
 
 def test_a_fit_no_process_can_summarise_fails_collect_as_without_helpers(sweep: Config, monkeypatch) -> None:
-    import batchfit.summary_workers as summary_workers
+    import batchfit.outputs.summary_helpers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
     sweep.fit_path("store_02").write_bytes(b"not netcdf")

@@ -30,10 +30,11 @@ WARNING_MODEL = textwrap.dedent("""\
 
 
 def compile_in_child(tmp_path: Path, source: str, cache_dir: Path):
-    from batchfit.cache import open_cache
-    from batchfit.compile import ModelSource, compile_model
-    from batchfit.data import load_dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.cache.store import open_cache
+    from batchfit.compile.build import compile_model
+    from batchfit.compile.workers import ModelSource
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     (tmp_path / "model.py").write_text(source)
     pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "d.csv", index=False)
@@ -86,14 +87,14 @@ def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compil
         import sys, threading
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import batchfit.sampler
+        import batchfit.compile.sampler
         from test_compile_worker import WARNING_MODEL, compile_in_child
 
-        built_in, init = [], batchfit.sampler.SamplerFunctions.__init__
+        built_in, init = [], batchfit.compile.sampler.SamplerFunctions.__init__
         def recorded(self, template):
             built_in.append(threading.current_thread().name)
             init(self, template)
-        batchfit.sampler.SamplerFunctions.__init__ = recorded
+        batchfit.compile.sampler.SamplerFunctions.__init__ = recorded
         compiled = compile_in_child(Path({str(tmp_path)!r}), WARNING_MODEL.format(tag="prefetch", centre="0.375"),
                                     Path({str(tmp_path / "cache")!r}))
         assert not compiled.report.hit, "expected a cold compile"
@@ -118,10 +119,11 @@ def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_s
               "cache_dir": str(tmp_path / "cache"), "results_dir": str(tmp_path / "results"),
               "cache": {"cpu_target": "generic"}}
     job = textwrap.dedent(f"""\
-        from batchfit.standby import compile_workers
+        from batchfit.compile.workers import compile_workers
 
         with compile_workers(2) as workers:
-            from batchfit.pipeline import run_compile, snakemake_config
+            from batchfit.sweep.stages import run_compile
+            from batchfit.sweep.snakemake_job import snakemake_config
 
             print(run_compile(snakemake_config({config!r}, "the test"), workers=workers)["line"])
     """)
@@ -137,23 +139,24 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     the model and its key; on a miss that worker compiles the log density's callback (the
     longest part) and a second one the rest; on a hit the early worker is killed unused. Every
     worker has exited when the job ends."""
-    import batchfit.compile as compile_module
+    import batchfit.compile.build as build_module
+    import batchfit.compile.workers as workers_module
+    from batchfit.compile.workers import compile_workers
     from batchfit.config import config_from_dict
-    from batchfit.pipeline import run_compile
-    from batchfit.standby import compile_workers
+    from batchfit.sweep.stages import run_compile
 
     events: list[tuple[str, subprocess.Popen | None]] = []
 
     class Recorded(subprocess.Popen):
         def __init__(self, args, **kwargs):
             super().__init__(args, **kwargs)
-            if args[-2:] == ["-m", "batchfit.compile"]:
+            if args[-2:] == ["-m", "batchfit.compile.worker"]:
                 events.append(("started", self))
 
-    key, run_worker = compile_module.sampler_key, compile_module._run_worker
+    key, run_worker = build_module.sampler_key, workers_module._run_worker
     monkeypatch.setattr(subprocess, "Popen", Recorded)
-    monkeypatch.setattr(compile_module, "sampler_key", lambda *a: (events.append(("key", None)), key(*a))[1])
-    monkeypatch.setattr(compile_module, "_run_worker",
+    monkeypatch.setattr(build_module, "sampler_key", lambda *a: (events.append(("key", None)), key(*a))[1])
+    monkeypatch.setattr(workers_module, "_run_worker",
                         lambda proc, argv, part: (events.append((part, proc)), run_worker(proc, argv, part))[1])
     (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="an early worker", centre="0.125"))
     (tmp_path / "data").mkdir()

@@ -1,4 +1,4 @@
-"""Tests for batchfit.data: discovery, loading, column handling, checks against requirements."""
+"""Tests for batchfit.data.dataset: discovery, loading, column handling, checks against requirements."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from batchfit.config import Config, config_from_dict
-from batchfit.data import (
+from batchfit.data.dataset import (
     DataRequirement,
     Dataset,
     MissingColumnError,
     check_dataset,
     coerce_for_model,
-    discover_datasets,
     load_dataset,
 )
+from batchfit.data.discovery import discover_datasets
 from batchfit.errors import ConfigError, DatasetError
 
 FLOAT = DataRequirement(ndim=1, dtype=np.dtype("float64"))

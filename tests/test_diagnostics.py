@@ -1,4 +1,4 @@
-"""batchfit.diagnostics and batchfit.intervals against arviz_stats' own functions on the same draws:
+"""batchfit.outputs.diagnostics and batchfit.outputs.intervals against arviz_stats' own functions on the same draws:
 every statistic collect writes, on chains of every shape and autocorrelation and on the edge cases
 arviz_stats treats specially (constant, tied, binary, NaN and infinite draws, too few chains or draws)."""
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from batchfit import diagnostics, intervals
+from batchfit.outputs import diagnostics, intervals
 
 PROB = 0.89
 

@@ -18,12 +18,13 @@ import pytest
 import xarray as xr
 from test_fit import make_config, write_datasets
 
-import batchfit.fit as fit_module
-import batchfit.structures as structures_module
-from batchfit.collect import collect
+import batchfit.compile.structures as structures_module
+import batchfit.fitting.fitter as fit_module
 from batchfit.errors import SamplerFailure
-from batchfit.fit import fit_batch
-from batchfit.status import sweep_status
+from batchfit.fitting.batch import fit_batch
+from batchfit.fitting.outcome import Outcome
+from batchfit.outputs.collect import collect
+from batchfit.sweep.status import sweep_status
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def two_datasets(tmp_path: Path, hierarchical_entry: Path):
     return make_config(tmp_path / "results", hierarchical_entry, [str(tmp_path / "data" / "*.csv")])
 
 
-def _fit(config, caplog) -> dict[str, fit_module.Outcome]:
+def _fit(config, caplog) -> dict[str, Outcome]:
     with caplog.at_level(logging.INFO, logger="batchfit"):
         report = fit_batch(config, ["d0", "d1"], batch_id="b")
     return {o.dataset: o for o in report.outcomes}

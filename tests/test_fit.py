@@ -24,7 +24,8 @@ import xarray as xr
 import batchfit
 from batchfit.config import config_from_dict
 from batchfit.errors import BatchfitError, DatasetError, ModelContractError
-from batchfit.fit import dataset_seed, fit_batch
+from batchfit.fitting.batch import fit_batch
+from batchfit.fitting.fitter import dataset_seed
 
 REPO = Path(__file__).resolve().parents[1]
 HIERARCHICAL = REPO / "models" / "hierarchical.py"
@@ -33,7 +34,7 @@ IDS = [f"d{i}" for i in range(10)]
 
 
 def write_datasets(out_dir: Path, indices: range | list[int], *, seed: int = 5) -> dict[str, Path]:
-    from batchfit.modelfile import load_model_file
+    from batchfit.model.model_file import load_model_file
 
     simulate = load_model_file(HIERARCHICAL).simulate
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def batch10(data_dir, tmp_path_factory, hierarchical_entry):
     from numba.core import compiler, event
     from pytensor.compile.maker import FunctionMaker
 
-    import batchfit.fit as fit_module
+    import batchfit.fitting.batch as fit_module
 
     results = tmp_path_factory.mktemp("fit-results")
     config = make_config(results, hierarchical_entry, [str(data_dir / "*.csv")], extras=True)
@@ -218,7 +219,7 @@ def test_dataset_seeds_differ_between_ids_and_global_seeds_and_fit_nutpie_and_ne
 def test_dataset_seed_is_the_same_in_another_process():
     """A job on another machine or a re-run must draw the same: no per-process hash randomisation."""
     pairs = [(2026, "d3"), (1, "store_001"), (7, "")]
-    code = "import json, sys; from batchfit.fit import dataset_seed; " \
+    code = "import json, sys; from batchfit.fitting.fitter import dataset_seed; " \
            "print(json.dumps([dataset_seed(g, i) for g, i in json.loads(sys.argv[1])]))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(pairs)], env=env, check=True,
@@ -251,13 +252,13 @@ NO_COLUMN_MODEL = textwrap.dedent("""
 
 
 def _dataset(dataset_id: str, **arrays):
-    from batchfit.data import Dataset
+    from batchfit.data.dataset import Dataset
 
     return Dataset(id=dataset_id, path=Path(f"/data/{dataset_id}.csv"), arrays=arrays, coords={})
 
 
 def test_column_baked_in_as_constant_is_named_with_the_fix(tmp_path):
-    from batchfit.modelfile import baked_values, build_model, load_model_file
+    from batchfit.model.model_file import baked_values, build_model, load_model_file
 
     (tmp_path / "baked.py").write_text(BAKED_MODEL)
     data = _dataset("shop7", x=np.linspace(0.0, 1.0, 9), y=np.arange(9.0))
@@ -267,7 +268,7 @@ def test_column_baked_in_as_constant_is_named_with_the_fix(tmp_path):
 
 
 def test_data_container_without_a_column_is_named_with_the_fix(tmp_path):
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.model.model_file import build_model, load_model_file
 
     (tmp_path / "nocol.py").write_text(NO_COLUMN_MODEL)
     data = _dataset("shop8", x=np.linspace(0.0, 1.0, 9), y=np.arange(9.0))
@@ -457,7 +458,7 @@ def test_observed_data_group_reads_every_kind_of_observed_value(kind, monkeypatc
     import pymc as pm
     from pytensor.graph.basic import Variable
 
-    from batchfit.modelfile import observed_and_constant_data
+    from batchfit.model.model_file import observed_and_constant_data
 
     y = np.array([1, 2, 4]) if kind == "integer shared" else np.array([1.5, 2.0, 4.0])
     with pm.Model() as model:
@@ -481,7 +482,7 @@ def test_per_process_functions_compile_no_c_code(monkeypatch):
     import pymc as pm
     from pytensor.link.c.op import COp
 
-    from batchfit.sampler import SamplerFunctions
+    from batchfit.compile.sampler import SamplerFunctions
 
     def no_c(op, *args, **kwargs):
         raise AssertionError(f"{op} was compiled to C")
@@ -502,9 +503,9 @@ def test_datasets_on_the_cached_path_are_built_without_creation_tracebacks(data_
     the reference model, whose graphs are compiled, keeps its tracebacks, and the flag is restored."""
     import pytensor
 
-    from batchfit.data import load_dataset
-    from batchfit.fit import Fitter, prepare
-    from batchfit.structures import CACHED
+    from batchfit.compile.structures import CACHED
+    from batchfit.data.dataset import load_dataset
+    from batchfit.fitting.fitter import Fitter, prepare
 
     config = make_config(tmp_path / "results", hierarchical_entry, [str(data_dir / "*.csv")])
     cache, paths, ref = prepare(config)

@@ -98,14 +98,14 @@ def variant_file(directory: Path, name: str) -> Path:
 
 
 def dataset(name: str, y: np.ndarray):
-    from batchfit.data import Dataset
+    from batchfit.data.dataset import Dataset
 
     return Dataset(id=name, path=Path(f"{name}.csv"), arrays={"y": y}, coords={})
 
 
 def key_of(model_file: Path, y: np.ndarray) -> str:
-    from batchfit.graphs import sampler_key
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.compile.graphs import sampler_key
+    from batchfit.model.model_file import build_model, load_model_file
 
     return sampler_key(build_model(load_model_file(model_file), dataset("d", y)))
 
@@ -131,8 +131,8 @@ def test_same_model_same_key_whatever_the_data_lengths(tmp_path):
 
 
 def test_same_key_after_a_compile_in_the_same_process(tmp_path):
-    from batchfit.graphs import compile_sampler_functions
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.compile.graphs import compile_sampler_functions
+    from batchfit.model.model_file import build_model, load_model_file
 
     model_file = write_model(tmp_path, "shared_inner", SHARED_INNER_GRAPHS)
     before = key_of(model_file, Y)
@@ -171,8 +171,8 @@ def test_an_edited_helper_beside_the_model_changes_the_key_exactly_when_it_chang
 
 def test_custom_dist_closure_over_data_changes_the_structure(tmp_path):
     """A logp that captures a value from the data compiles differently for each dataset."""
-    from batchfit.fingerprint import model_fingerprint
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.compile.fingerprint import model_fingerprint
+    from batchfit.model.model_file import build_model, load_model_file
 
     source = MODEL.format(**{**COMMON, "extra": "", "likelihood": (
         'shift = float(data["y"][0]); pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
@@ -185,7 +185,7 @@ def test_custom_dist_closure_over_data_changes_the_structure(tmp_path):
 
 def test_code_digest_covers_the_callback_generator(tmp_path):
     import batchfit
-    from batchfit.fingerprint import sources_digest
+    from batchfit.compile.fingerprint import sources_digest
 
     package = Path(batchfit.__file__).parent
     copy = shutil.copytree(package, tmp_path / "batchfit", ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,4 +1,4 @@
-"""A fit job with more threads than chains: helper processes fit datasets of its batch (`batchfit.lanes`).
+"""A fit job with more threads than chains: helper processes fit datasets of its batch (`batchfit.fitting.lanes`).
 
 The model file here is the bundled hierarchical model (the same graph, so the session's cache
 entry serves it) with a gate: the job's own process does not build a dataset until a helper has
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_fit import HIERARCHICAL, SAMPLER, assert_groups_equal, make_config, read_tree, write_datasets
 
-from batchfit.fit import fit_batch
+from batchfit.fitting.batch import fit_batch
 
 GATED_MODEL = f'''
 import os, pathlib, signal, time

@@ -22,7 +22,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from batchfit.model_imports import user_imports
+from batchfit.model.imports import user_imports
 
 BIN = Path(sys.executable).parent
 
@@ -143,8 +143,8 @@ def beside(folder: Path, tag: str, model: str = BESIDE_MODEL) -> Path:
 
 
 def build(model_file: Path) -> object:
-    from batchfit.data import Dataset
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.data.dataset import Dataset
+    from batchfit.model.model_file import build_model, load_model_file
 
     data = Dataset(id="d", path=Path("d.csv"), arrays={"y": np.array([0.3, -1.2, 0.8])}, coords={})
     return build_model(load_model_file(model_file), data)
@@ -193,7 +193,7 @@ def test_the_scan_is_the_same_with_the_model_folder_on_sys_path(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Snakemake puts a project's folder on ``sys.path`` when it plans; a fit job does not: both
     must record the same imports, or every plan would refit everything."""
-    from batchfit.model_imports import scan
+    from batchfit.model.imports import scan
 
     model_file = beside(tmp_path, "one")
     (tmp_path / "tabnanny.py").write_text("raise RuntimeError('a library import reached the model folder')\n")

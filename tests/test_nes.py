@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from batchfit.config import config_from_dict
-from batchfit.pipeline import run_collect, run_compile, run_fit
+from batchfit.sweep.stages import run_collect, run_compile, run_fit
 
 REPO_MODEL = "models/nes.py"
 

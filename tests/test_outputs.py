@@ -19,12 +19,12 @@ import pytest
 import xarray as xr
 from arviz_base.utils import _subset_list
 
-from batchfit.collect import collect
 from batchfit.config import config_from_dict
 from batchfit.errors import ConfigError
-from batchfit.fit import fit_batch
-from batchfit.provenance import sweep_parts
-from batchfit.variables import DETERMINISTIC, FREE, OBSERVATION_SIZED, ROLE_ATTR, observation_sized, select_vars
+from batchfit.fitting.batch import fit_batch
+from batchfit.fitting.provenance import sweep_parts
+from batchfit.model.variables import DETERMINISTIC, FREE, OBSERVATION_SIZED, ROLE_ATTR, observation_sized, select_vars
+from batchfit.outputs.collect import collect
 
 MODEL = textwrap.dedent("""
     import numpy as np

@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from batchfit.simulate import simulate_datasets
+from batchfit.model.simulate import simulate_datasets
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -114,8 +114,8 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
 def test_finishing_a_batch_never_changes_another(tmp_path):
     """Cluster executors re-plan inside each job: a batch must keep its name and members."""
     from batchfit.config import config_from_dict
-    from batchfit.pipeline import plan
-    from batchfit.provenance import expected_provenance, record
+    from batchfit.fitting.provenance import expected_provenance, record
+    from batchfit.sweep.plan import plan
 
     simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 7, prefix="shop")
     config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
@@ -137,7 +137,7 @@ def test_batches_cover_every_dataset_once_and_auto_sizes_them_for_the_executor(t
     """`batch_size: auto`: on one machine at most one batch per core, each of several datasets; on a
     cluster (cores None) batches of at least 20; an explicit size wins. Planned twice, the same."""
     from batchfit.config import config_from_dict
-    from batchfit.pipeline import plan
+    from batchfit.sweep.plan import plan
 
     simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 45, prefix="shop")
     config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),

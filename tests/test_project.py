@@ -19,10 +19,10 @@ import xarray as xr
 import yaml
 
 import batchfit
+from batchfit.compile.fingerprint import structure_of
 from batchfit.config import config_from_dict, config_schema, config_to_dict, load_config
 from batchfit.errors import BatchfitError
-from batchfit.fingerprint import structure_of
-from batchfit.modelfile import data_containers
+from batchfit.model.model_file import data_containers
 from batchfit.project import config_template, init_project
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,10 +22,12 @@ import pytest
 import xarray as xr
 import yaml
 
+from batchfit.common.atomic import write_json
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
-from batchfit.pipeline import compile_stamp_path, plan, run_collect, run_compile, run_fit, write_json
-from batchfit.simulate import simulate_datasets
+from batchfit.model.simulate import simulate_datasets
+from batchfit.sweep.plan import compile_stamp_path, plan
+from batchfit.sweep.stages import run_collect, run_compile, run_fit
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "hierarchical.py"
@@ -242,7 +244,7 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
                                                          caplog) -> None:
     """run_collect starts its helper processes before it knows which fits are new: they summarise
     their share when there are new fits, and are killed unused when there are none."""
-    import batchfit.summary_workers as summary_workers
+    import batchfit.outputs.summary_helpers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
     started: list[subprocess.Popen] = []

@@ -36,10 +36,10 @@ from hypothesis import strategies as st
 from batchfit import cli
 from batchfit.config import Config, config_from_dict, load_config
 from batchfit.errors import BatchfitError, ConfigError
-from batchfit.simulate import simulate_datasets
+from batchfit.model.simulate import simulate_datasets
 
 if TYPE_CHECKING:
-    from batchfit.fit import Outcome
+    from batchfit.fitting.outcome import Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "hierarchical.py"
@@ -498,7 +498,7 @@ def test_killed_fit_job_leaves_nothing_half_written_and_a_rerun_gives_the_same_p
 
 def test_a_badly_sampling_dataset_is_a_warning_with_its_diagnostics(tmp_path: Path, session_cache: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchfit.pipeline import run_collect, run_fit
+    from batchfit.sweep.stages import run_collect, run_fit
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
@@ -645,7 +645,7 @@ def _write(path: Path, content: bytes | pd.DataFrame) -> None:
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=malformed_tables())
 def test_fuzzed_datasets_fail_only_with_batchfit_errors_naming_the_dataset(fuzz: Fuzz, case) -> None:
-    from batchfit.fit import fit_batch
+    from batchfit.fitting.batch import fit_batch
 
     suffix, content = case
     dataset_id = f"fz_{next(_FUZZ_IDS):04d}"
@@ -694,7 +694,7 @@ KNOWN_DEEP_FAILURES = [  # (id, dataset, stage, what the record must say)
 def test_sampler_and_writer_failures_name_dataset_and_file(fuzz: Fuzz, dataset_id: str, frame: pd.DataFrame,
                                                            stage: str, fragments: list[str]) -> None:
     """Data that only nutpie (non-finite log density) or h5py (NUL in labels) would trip over."""
-    from batchfit.fit import fit_batch
+    from batchfit.fitting.batch import fit_batch
 
     config, data = fuzz.sweep(dataset_id)
     frame.to_csv(data / f"{dataset_id}.csv", index=False)
@@ -720,7 +720,7 @@ def fuzzed(fuzz: Fuzz) -> Fuzz:
 def test_check_agrees_with_the_fuzzed_fits(fuzzed: Fuzz) -> None:
     """`batchfit check` flags exactly the fuzzed datasets whose data the fit stage rejected,
     also where the sweep could not start (no dataset builds: check names each one's reason)."""
-    from batchfit.check import check_model
+    from batchfit.sweep.check import check_model
 
     # the failures first: they are what check must flag
     order = sorted(fuzzed.sweeps.items(), key=lambda kv: (kv[1][1] is not None and kv[1][1].status == "ok", kv[0]))

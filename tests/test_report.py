@@ -25,12 +25,13 @@ import xarray as xr
 import yaml
 from test_pipeline import snakemake, write_sweep
 
-from batchfit.collect import collect
-from batchfit.combined import SweepLayout, fit_layout, stacked_writer
 from batchfit.config import Config, ReportSettings, SummarySettings, config_from_dict
 from batchfit.errors import ConfigError
-from batchfit.fit import fit_batch
-from batchfit.plots import (
+from batchfit.fitting.batch import fit_batch
+from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR
+from batchfit.outputs.collect import collect
+from batchfit.outputs.combined import SweepLayout, fit_layout, stacked_writer
+from batchfit.outputs.plots import (
     DATASET_COLUMNS,
     ForestRows,
     forest_figure,
@@ -40,8 +41,7 @@ from batchfit.plots import (
     read_health,
     write_plots,
 )
-from batchfit.report import COUNTED, first_rows_by_status, fit_records, summary_page, write_report_pages
-from batchfit.variables import DETERMINISTIC, FREE, ROLE_ATTR
+from batchfit.outputs.report import COUNTED, first_rows_by_status, fit_records, summary_page, write_report_pages
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]

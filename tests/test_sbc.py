@@ -22,16 +22,10 @@ import xarray as xr
 from scipy import stats
 
 from batchfit.config import Config, config_from_dict
-from batchfit.pipeline import run_fit
-from batchfit.sbc import (
-    data_paths,
-    rank_simulations,
-    run_sbc,
-    sbc_config,
-    sbc_root,
-    simulate,
-    truth_path,
-)
+from batchfit.sweep.sbc.ranks import rank_simulations
+from batchfit.sweep.sbc.simulate import simulate
+from batchfit.sweep.sbc.sweep import data_paths, sbc_config, sbc_root, truth_path
+from batchfit.sweep.stages import run_fit, run_sbc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,9 +234,9 @@ def test_the_simulations_follow_the_coding_of_the_template_only(tmp_path: Path, 
     """A new dataset brings nothing to the simulations unless it changes the template's labels: one
     with only known labels re-simulates and refits nothing, one with a new label of the sweep-wide
     `group` re-simulates and refits every simulation, with that label in their coding."""
-    from batchfit.coding import sweep_coding
-    from batchfit.data import discover_datasets
-    from batchfit.provenance import expected_digests
+    from batchfit.data.coding import sweep_coding
+    from batchfit.data.discovery import discover_datasets
+    from batchfit.fitting.provenance import expected_digests
 
     raw = _write_sweep(tmp_path, session_cache, 3, grouped=True)
     raw["columns"] = {"group": {"scope": scope}}
@@ -293,9 +287,10 @@ def test_a_simulated_text_column_is_written_as_the_templates_labels(tmp_path: Pa
     labels, which the simulated sweep codes back with the template's labels; a text column the
     template leaves empty has no labels in the simulated sweep either, also in a fit's helper
     process (which gets the simulated sweep's config as a dict)."""
-    from batchfit.coding import sweep_coding
     from batchfit.config import config_to_dict
-    from batchfit.data import discover_datasets, load_dataset
+    from batchfit.data.coding import sweep_coding
+    from batchfit.data.dataset import load_dataset
+    from batchfit.data.discovery import discover_datasets
 
     raw = _write_sweep(tmp_path, session_cache, 3)
     (tmp_path / "model.py").write_text(
@@ -312,7 +307,7 @@ def test_a_simulated_text_column_is_written_as_the_templates_labels(tmp_path: Pa
     config = config_from_dict(raw)
     assert simulate(config).written == 3
     sweep = sbc_config(config)
-    sweep = config_from_dict(config_to_dict(sweep), source=sweep.source)  # as `batchfit.lanes` passes it
+    sweep = config_from_dict(config_to_dict(sweep), source=sweep.source)  # as `batchfit.fitting.lanes` passes it
     datasets = discover_datasets(sweep)
     coding = sweep_coding(sweep, datasets)
     for sim, path in datasets.items():
@@ -328,7 +323,7 @@ def test_an_edited_helper_of_the_simulator_makes_every_simulation_outdated(
         tmp_path: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulator's noise scale from a module of the user's: editing it changes every simulation's
     digest, so they are drawn again (the plan does this without building anything)."""
-    from batchfit.sbc import simulation_digests
+    from batchfit.sweep.sbc.simulate import simulation_digests
 
     (tmp_path / "bf_sbc_noise.py").write_text("SCALE = 'sigma'\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,4 +1,4 @@
-"""Processes started before their work (`batchfit.standby`), with a standard-library module that reads
+"""Processes started before their work (`batchfit.common.standby`), with a standard-library module that reads
 its work on stdin (``python -m json.tool``) in place of batchfit's workers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from batchfit.standby import standing_by
+from batchfit.common.standby import standing_by
 
 
 def test_take_gives_the_waiting_processes_first_then_new_ones_up_to_the_limit() -> None:
@@ -62,7 +62,7 @@ def test_a_block_that_raises_still_kills_its_processes() -> None:
 
 
 def test_finish_returns_the_output_and_logs_each_line_of_stderr(caplog) -> None:
-    from batchfit.standby import finish
+    from batchfit.common.standby import finish
 
     with standing_by("json.tool", limit=2, start=2) as standby:
         good, bad = standby.take(2)

@@ -17,9 +17,9 @@ import pytest
 import xarray as xr
 from posterior_checks import assert_same_posterior, reference_posteriors
 
-from batchfit.check import check_model
 from batchfit.config import config_from_dict
-from batchfit.fit import fit_batch
+from batchfit.fitting.batch import fit_batch
+from batchfit.sweep.check import check_model
 
 SAMPLER = {"draws": 400, "tune": 400, "chains": 2, "seed": 3}
 
@@ -89,8 +89,9 @@ def sweep(tmp_path: Path, source: str, frames: dict[str, pd.DataFrame], session_
 
 def loaded(config, dataset_id: str):
     """The dataset loaded exactly as batchfit loads it."""
-    from batchfit.coding import sweep_coding
-    from batchfit.data import discover_datasets, load_dataset
+    from batchfit.data.coding import sweep_coding
+    from batchfit.data.dataset import load_dataset
+    from batchfit.data.discovery import discover_datasets
 
     paths = discover_datasets(config)
     return load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
@@ -107,7 +108,7 @@ def pymc_reference(config, dataset_id: str, **sample) -> xr.Dataset:
     """pm.sample with the ``nuts_sampler`` that ``sample`` names, in this process (no JAX involved)."""
     import pymc as pm
 
-    from batchfit.modelfile import build_model, load_model_file
+    from batchfit.model.model_file import build_model, load_model_file
 
     settings = {"draws": SAMPLER["draws"], "tune": SAMPLER["tune"], "chains": 2, "random_seed": 17, **sample}
     with build_model(load_model_file(config.model), loaded(config, dataset_id)):

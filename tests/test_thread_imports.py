@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchfit.simulate import simulate_datasets
+from batchfit.model.simulate import simulate_datasets
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLER = {"draws": 300, "tune": 300, "chains": 2}
 BATCH_SIZE = 4
 N_DATASETS = 5  # with BATCH_SIZE, a job of 4 datasets and a job of 1
-# What a fit log says when a dataset left batchfit's cached path (batchfit.fit, batchfit.structures)
+# What a fit log says when a dataset left batchfit's cached path (batchfit.fitting.fitter, batchfit.compile.structures)
 FALLBACK = ("batchfit's cached path failed", "nutpie's own compile")
 # Set by the test session (tests/conftest.py: its compile cache) or by the test venv: a user's shell has
 # none of them, so neither do these sweeps (whose caches are then only their cache_dir's).

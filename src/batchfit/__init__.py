@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from batchfit.compat import stop_pathlib_interning
 
 if TYPE_CHECKING:
-    from batchfit.results import Results, open_results
+    from batchfit.outputs.results import Results, open_results
 
 __version__ = "0.1.0"
 
@@ -21,8 +21,8 @@ stop_pathlib_interning()
 
 # name -> module that defines it
 _LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook",
-         "workflow_snakefile": "batchfit.project", "open_results": "batchfit.results",
-         "Results": "batchfit.results"}
+         "workflow_snakefile": "batchfit.project", "open_results": "batchfit.outputs.results",
+         "Results": "batchfit.outputs.results"}
 __all__ = ["Results", "__version__", "build_model", "load_dataset", "open_results", "workflow_snakefile"]
 
 

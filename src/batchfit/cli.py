@@ -123,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from batchfit import pipeline
+    from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
-    from batchfit.cputarget import apply_cpu_target
+    from batchfit.sweep import stages as pipeline
 
     if args.command == "cache":
         return _cache(args)
@@ -138,27 +138,27 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         from pathlib import Path
 
-        from batchfit.simulate import simulate_datasets
+        from batchfit.model.simulate import simulate_datasets
 
         paths = simulate_datasets(Path(args.model), Path(args.out), args.n, seed=args.seed, prefix=args.prefix)
         print(f"simulate: wrote {len(paths)} datasets to {args.out}")
         return 0
     config = load_config(args.config)
     if args.command == "status":
-        from batchfit import status
+        from batchfit.sweep import status
 
         report = status.dataset_status(config, args.dataset) if args.dataset else status.sweep_status(config)
         print("\n".join(report.lines()))
         return 0
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
-        from batchfit.sbc import run_sbc
+        from batchfit.sweep.stages import run_sbc
 
         result = run_sbc(config, threads=args.threads)
         print(result.verdict())
         return 0 if result.passed else 1
     if args.command == "check":
-        from batchfit.check import check_model
+        from batchfit.sweep.check import check_model
 
         report = check_model(config)
         print("\n".join(report.lines()))
@@ -180,8 +180,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from batchfit import cache_admin
-    from batchfit.cache import open_cache
+    from batchfit.cache import admin as cache_admin
+    from batchfit.cache.store import open_cache
     from batchfit.config import load_config
 
     if args.config:
@@ -213,8 +213,8 @@ def _cache(args: argparse.Namespace) -> int:
 
 def run() -> NoReturn:
     """The ``batchfit`` console script: `main`, then an exit without the interpreter's teardown
-    (`batchfit.quick_exit`); an exception leaves through Python's normal exit."""
-    from batchfit.quick_exit import quick_exit
+    (`batchfit.common.quick_exit`); an exception leaves through Python's normal exit."""
+    from batchfit.common.quick_exit import quick_exit
 
     quick_exit(main())
 

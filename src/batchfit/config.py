@@ -28,7 +28,7 @@ import yaml
 from batchfit.errors import ConfigError
 
 DICT_SOURCE = "<dict>"
-AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.pipeline.batch_size`)
+AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.sweep.plan.batch_size`)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class OutputSettings:
 
     Everything here shapes the fit file, so it is part of every fit's provenance digest.
     `var_names`/`filter_vars` select posterior variables as ArviZ does (None: every free
-    parameter and deterministic), see `batchfit.variables.select_vars`.
+    parameter and deterministic), see `batchfit.model.variables.select_vars`.
     """
 
     log_likelihood: bool
@@ -98,7 +98,7 @@ class ReportSettings:
     """What the sweep report's forest plots show (the `plots` rule; `report.*` in the config).
 
     `var_names` None: the scalar free parameters, or the vector ones, or the deterministics
-    (`batchfit.plots.default_forest_variables`). Variables are chosen among those posteriors.nc
+    (`batchfit.outputs.plots.default_forest_variables`). Variables are chosen among those posteriors.nc
     holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
     x element) is drawn as a summary view, its intervals sorted by mean, without a label per row.
     Read by the plots rule only, so not in the provenance digest: changing it refits nothing.
@@ -134,7 +134,7 @@ class ColumnSettings:
 
 @dataclass(frozen=True)
 class SBCSettings:
-    """Simulation-based calibration (`batchfit sbc`, `snakemake sbc`), see `batchfit.sbc`.
+    """Simulation-based calibration (`batchfit sbc`, `snakemake sbc`), see `batchfit.sweep.sbc`.
 
     `template` None: the first dataset by id. `simulator` None: the model file itself
     generates the data; otherwise a model file whose ``build_model`` is the generating process.
@@ -157,7 +157,7 @@ class Config:
     model: Path
     datasets: tuple[str, ...]
     sampler: SamplerSettings
-    batch_size: int | str  # a number of datasets, or AUTO (see `batchfit.pipeline.batch_size`)
+    batch_size: int | str  # a number of datasets, or AUTO (see `batchfit.sweep.plan.batch_size`)
     cache_dir: Path
     results_dir: Path
     on_error: str

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchfit.config import Config, load_config
-from batchfit.data import Dataset, discover_datasets
+from batchfit.data.dataset import Dataset
+from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
 
 if TYPE_CHECKING:
@@ -24,11 +25,12 @@ if TYPE_CHECKING:
 def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Dataset:
     """Dataset ``dataset_id`` of a sweep as its model's ``build_model(data)`` receives it in a fit job.
 
-    Read with the sweep's coding of text columns (`batchfit.coding`), checked against what the
-    reference dataset's model needs and cast to its dtypes, as `batchfit.fit.Fitter.build` does;
+    Read with the sweep's coding of text columns (`batchfit.data.coding`), checked against what the
+    reference dataset's model needs and cast to its dtypes, as `batchfit.fitting.fitter.Fitter.build` does;
     bad data raises the error the fit would record.
     """
-    from batchfit import data, fit
+    from batchfit.data import dataset as data
+    from batchfit.fitting import fitter as fit
 
     config = _config(config_or_path)
     paths = discover_datasets(config)
@@ -42,7 +44,7 @@ def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Datase
 
 def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Model:
     """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug."""
-    from batchfit import modelfile
+    from batchfit.model import model_file as modelfile
 
     config = _config(config_or_path)
     return modelfile.build_model(modelfile.load_model_file(config.model), load_dataset(config, dataset_id))

@@ -98,7 +98,7 @@ def _example_names() -> list[str]:
 
 def _write_example_data(model: Path, data: Path) -> list[Path]:
     """A few datasets drawn by the example model's ``simulate`` (seeded: the same every time)."""
-    from batchfit.simulate import simulate_datasets
+    from batchfit.model.simulate import simulate_datasets
 
     return simulate_datasets(model, data, _EXAMPLE_DATASETS, prefix="dataset")
 

@@ -5,16 +5,10 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from batchfit.compat import end_snakemake_rate_timers
-from batchfit.pipeline import (
-    compile_stamp_path,
-    fit_resources,
-    fit_threads,
-    plan,
-    snakemake_config,
-    sweep_plan,
-    write_plan,
-)
-from batchfit.sbc import sbc_config, sbc_root, template, template_sweep_coding
+from batchfit.sweep.snakemake_job import snakemake_config
+from batchfit.sweep.resources import fit_resources, fit_threads
+from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
+from batchfit.sweep.sbc.sweep import sbc_config, sbc_root, template, template_sweep_coding
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"

@@ -14,7 +14,7 @@ rule compile:
         RESULTS / "logs" / "compile.log",
     benchmark:
         RESULTS / "benchmarks" / "compile.tsv"
-    # Two processes: the log density's callback compiles beside the rest (batchfit.compile).
+    # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).
     threads: 2
     resources:
         mem_mb=4000,

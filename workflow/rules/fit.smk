@@ -1,7 +1,7 @@
 rule fit:
     """Fit one batch of datasets in one process: one compile (a cache hit), then only sampling.
 
-    Only pending batches exist (batchfit.pipeline.plan: fits whose recorded provenance differs
+    Only pending batches exist (batchfit.sweep.plan.plan: fits whose recorded provenance differs
     from the config's), and a batch's name holds its members' provenance digests, so a changed
     setting, model or data file gives a new batch (and job) while touching a file gives none.
     Memory and time follow the batch's size and what the compile stage measured, and grow with

@@ -1,0 +1,1 @@
+"""Small tools every stage uses: atomic file writes, content hashes, helper processes, quick exits."""

@@ -1,0 +1,85 @@
+"""The compiled model of a structure: loaded from the cache, or built into it first (`compile_model`).
+
+The one path from a model to its callbacks: computes the content key, then
+`batchfit.cache.store.get_or_build` loads the entry or has the workers build it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from batchfit.cache.heal import retry_after_healing
+from batchfit.cache.store import CacheDir, get_or_build
+from batchfit.common.standby import Standby
+from batchfit.compat import import_nutpie
+from batchfit.compile.callbacks import WrapperSpec
+from batchfit.compile.entry import NO_OUTPUTS, build_entry, load_callbacks
+from batchfit.compile.graphs import SamplerGraphs, sampler_key
+from batchfit.compile.sampler import CompiledModel, CompileReport, SamplerFunctions
+from batchfit.compile.workers import ModelSource, build_in_child
+
+log = logging.getLogger("batchfit")
+
+
+def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = None,
+                  lock_timeout: float = 600.0, workers: int | Standby = 1) -> CompiledModel:
+    """Return the compiled callbacks for ``model``, compiling them only if no process did before.
+
+    With ``source`` a miss compiles in child processes, two at once if ``workers`` (the cores
+    this job may use, or a `Standby` of workers already starting) allows (see module docstring
+    and `build_in_child`); without it, in this process.
+    """
+    with collector_paused():
+        graphs = SamplerGraphs.of(model)
+        key = sampler_key(model, graphs)
+
+    prepared: list[SamplerFunctions] = []  # the per-process functions, built while a child compiles
+
+    def prepare_functions() -> None:
+        import_nutpie()  # every caller samples next
+        prepared.append(SamplerFunctions(model))
+
+    def build() -> dict[str, Any]:
+        if source is not None:
+            return build_in_child(source, cache, key, workers=workers, meanwhile=prepare_functions)
+        return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
+                                   lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
+
+    def load(entry: dict[str, Any]) -> tuple[WrapperSpec, Any, Any]:
+        with collector_paused():
+            return load_callbacks(cache, key, entry)
+
+    fetched = get_or_build(cache, key, load=load, build=build, lock_timeout=lock_timeout)
+    spec, logp, expand = fetched.value
+
+    def functions() -> CompiledModel:
+        with collector_paused():
+            return CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched),
+                                 functions=prepared[0] if prepared else None)
+
+    # The per-process functions compile through PyTensor, which reads its own files in the cache.
+    return retry_after_healing(cache, f"cache entry {key[:12]}", functions)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block without Python's cyclic garbage collector.
+
+    A warm start imports numba's and PyTensor's dispatch modules (unpickling numba's environments
+    does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
+    burst sets off collections that walk the whole heap, pymc's and pytensor's included. Pausing
+    them for these short, bounded steps shortened a warm start by about a sixth
+    (benchmarks/cache_load.py: 0.642 s before, 0.541 s after); garbage made meanwhile is collected
+    once the collector runs again. Long steps (a compile) are never run paused.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,0 +1,114 @@
+"""A cache entry of a model structure: what it holds, how it is built (in a worker) and loaded.
+
+An entry holds batchfit's two nutpie callbacks (`batchfit.compile.callbacks`), compiled from
+the graphs of `batchfit.compile.graphs` under their content address (``sampler_key``), in the
+cache's numba directory. `batchfit.cache.store.get_or_build` owns the rest (locking,
+verification, manifests, statistics).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import warnings
+from typing import Any
+
+from batchfit.cache.heal import is_damage_error
+from batchfit.cache.store import CacheDir, CorruptEntry
+from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
+from batchfit.compile.extras import warm_extras
+from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
+from batchfit.compile.nopython import record_generic_fallbacks
+from batchfit.compile.sampler import SamplerFunctions
+from batchfit.compile.workers import NO_OUTPUTS, PARTS
+from batchfit.config import OutputSettings
+from batchfit.errors import CachedPathUnsupported, one_line
+
+log = logging.getLogger("batchfit")
+
+
+def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
+                outputs: OutputSettings = NO_OUTPUTS, part: str = "all") -> dict[str, Any]:
+    """Compile ``part`` of the entry for ``model`` into the cache's numba directory; return the manifest's spec.
+
+    Every part but "logp" also runs the per-process functions and the optional ``outputs`` once,
+    so that what the fit stage compiles through PyTensor lands in PyTensor's numba cache too.
+    """
+    # Not at the top: a compile worker imports this module before it is told numba's environment.
+    from numba.core.errors import NumbaError
+
+    clock = _StageClock(key)
+    with record_generic_fallbacks() as fallbacks:
+        spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    if fallbacks:
+        # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
+        # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
+        ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
+        raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
+                                    "numba runs in object mode and batchfit's cached callbacks cannot call")
+    clock.stage("log density, gradient and expansion functions")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
+        for kind in PARTS[part]:
+            try:
+                make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
+            except NumbaError as exc:
+                unsupported = numba_failure_of_the_model(exc, kind)
+                if unsupported is None:
+                    raise
+                raise unsupported from exc
+            if not list(cache.numba_dir.glob(f"batchfit_{kind}*-{key}.*.nbc")):
+                raise CachedPathUnsupported(
+                    f"numba could not cache the {kind} callback; the model uses an operation that "
+                    "cannot be disk-cached (run 'batchfit check' to see which)"
+                )
+            clock.stage(f"nutpie's {kind} callback (numba, cached)")
+    if part != "logp":
+        SamplerFunctions(model).shapes()
+        clock.stage("per-process functions (initial point, shapes)")
+        warm_extras(model, outputs)
+        clock.stage("optional outputs")
+    return {"spec": spec.to_json()}
+
+
+def numba_failure_of_the_model(exc: Exception, kind: str) -> CachedPathUnsupported | None:
+    """``exc``, from numba compiling a callback, as a failure of the model's graph (numba cannot type
+    one of PyTensor's implementations of its operations), or None when it is batchfit's own.
+
+    numba's message lists the places it was typing, innermost first (``File "...", line N``);
+    the callback's own source is compiled under the name ``batchfit_{kind}`` (`make_callback`):
+    if the innermost place is there, the callback itself is wrong, which is a bug.
+    """
+    places = re.findall(r'File "([^"]+)", line \d+', str(exc))
+    if not places or places[0] == f"batchfit_{kind}":
+        return None
+    return CachedPathUnsupported(f"numba cannot compile the model's graph inside the {kind} callback: {one_line(exc)}")
+
+
+class _StageClock:
+    """Logs how long each stage of a compile took: where a cold sweep's time goes."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.last = time.perf_counter()
+
+    def stage(self, name: str) -> None:
+        now = time.perf_counter()
+        log.info("compile %s: %s in %.1f s", self.key[:12], name, now - self.last)
+        self.last = now
+
+
+def load_callbacks(cache: CacheDir, key: str, entry: dict[str, Any]) -> tuple[WrapperSpec, Any, Any]:
+    """An entry's callbacks from numba's cache, without compiling; CorruptEntry if unusable."""
+    spec = WrapperSpec.from_json(entry["spec"])
+    try:
+        logp = make_callback(spec, "logp", key, cache, missing_inner)
+        expand = make_callback(spec, "expand", key, cache, missing_inner)
+    except Exception as exc:
+        # Absent from numba's index, or unreadable; anything else (an API change, say) is not
+        # fixed by rebuilding.
+        if not (isinstance(exc, LookupError) or is_damage_error(exc, cache)):
+            raise
+        raise CorruptEntry(f"numba could not load it ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
+    return spec, logp, expand

@@ -1,0 +1,153 @@
+"""The compile workers a job starts: fresh interpreters that rebuild the model and compile an entry.
+
+A miss compiles in child processes (`batchfit.compile.worker`; two at once, each compiling part
+of the entry, when the job has two cores): the parent then loads the entry exactly like any
+later process would, so every fit runs the very same machine code (code JIT-compiled in-process
+can differ in the last bit from code emitted for the cache), and the parent's memory never holds
+an LLVM compile. The workers' warnings and log lines are passed on to the parent's log; their
+exit code says whether the model is one the cached path cannot take (`UNSUPPORTED_EXIT`) or
+the cache was damaged (`DAMAGED_EXIT`); any other failure is batchfit's bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchfit.cache.heal import damage_message, heal
+from batchfit.cache.store import CacheDir
+from batchfit.common.standby import Standby, finish, standing_by
+from batchfit.config import OutputSettings
+from batchfit.errors import BatchfitError, CachedPathUnsupported
+
+log = logging.getLogger("batchfit")
+
+NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
+
+# What a compile worker builds: every part of an entry, or one of the two halves that two workers
+# build at once (the log density's callback takes about three quarters of a compile).
+PARTS: dict[str, tuple[str, ...]] = {"all": ("logp", "expand"), "logp": ("logp",), "rest": ("expand",)}
+
+# Exit code of a compile worker that failed reading a damaged cache file: the parent heals the
+# cache (one process, once every worker has exited) and builds the entry again.
+DAMAGED_EXIT = 3
+
+
+# Exit code of a compile worker whose model the cached path cannot take (`CachedPathUnsupported`):
+# the parent raises it, and the structure goes through nutpie's own compile. Any other failure
+# of a worker is batchfit's bug: the parent raises it with the worker's traceback.
+UNSUPPORTED_EXIT = 4
+
+
+# What numba and PyTensor read once, when imported: the cache's directories (`open_cache`) and
+# numba's CPU target (`batchfit.compile.cputarget`). A compile worker may start before its parent has
+# set them, so it imports those libraries only once told them (`worker_environment`).
+WORKER_ENVIRONMENT = ("PYTENSOR_FLAGS", "NUMBA_CACHE_DIR", "NUMBA_CPU_NAME")
+WORKER_MODULE = "batchfit.compile.worker"  # what a worker runs: python -m WORKER_MODULE
+
+
+def worker_environment() -> str:
+    """The line a compile worker reads before importing numba and PyTensor: this process's values
+    of WORKER_ENVIRONMENT (null: unset), as JSON."""
+    return json.dumps({name: os.environ.get(name) for name in WORKER_ENVIRONMENT}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """How a child process rebuilds the same model: the model file, one dataset and its coding."""
+
+    model_file: Path
+    dataset_id: str
+    dataset_path: Path
+    coding: dict[str, Any] = dataclasses.field(default_factory=dict)  # Coding.for_dataset(dataset_id)
+    outputs: OutputSettings = NO_OUTPUTS  # the optional outputs to pre-compile
+
+
+def compile_workers(threads: int) -> AbstractContextManager[Standby]:
+    """The compile workers of a job with ``threads`` cores, as a `Standby` of `batchfit.compile.worker`.
+
+    With two or more, the one that compiles the log density's callback (a miss's longest part)
+    starts now, on the core the job leaves idle: its imports overlap the job's own, its reading
+    of the data and its computing of the model's key. Only that one: a second would slow the job,
+    which a hit (every warm sweep) waits for. On a hit it is killed unused.
+    """
+    return standing_by(WORKER_MODULE, threads, start=1 if threads >= 2 else 0)
+
+
+def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1,
+                   meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+    """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
+
+    ``workers``: how many may compile at once (the job's cores), or a `Standby` of workers
+    started earlier (`batchfit.sweep.stages.run_compile`). With two or more, one interpreter
+    compiles the log density's callback (the longest part; it takes a worker already started)
+    while another compiles the rest: numba compiles a function on one core. A worker that failed
+    reading a damaged cache file exits with DAMAGED_EXIT; once all have exited this process
+    removes the damage (here, not in the workers: two workers healing at once each see only
+    what the other left) and one worker builds the entry again (in a fresh process, so no
+    half-loaded numba state is reused); the damage is reported in the job's own warnings. The
+    workers' other output goes to our log.
+
+    ``meanwhile`` runs in this thread while the workers compile (this process would only wait);
+    the threads that wait for the workers only pass their work and read their output: they import
+    nothing, so no import ever runs beside this thread's.
+    """
+    argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
+            "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
+            "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
+    standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
+    parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
+    with ThreadPoolExecutor(len(parts)) as pool:
+        running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
+                   for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
+        if meanwhile is not None:
+            meanwhile()
+        procs = {part: future.result() for part, future in running.items()}
+    damaged = [part for part, proc in procs.items() if proc.returncode == DAMAGED_EXIT]
+    if damaged:
+        removed = heal(cache)
+        if not removed:
+            raise BatchfitError(f"the compile worker ({damaged[0]}) failed reading cache {cache.root}, but no "
+                                f"damaged file was found there: {_result(procs[damaged[0]])['damaged']}")
+        warnings.warn(f"compiling cache entry {key[:12]}: {damage_message(cache, removed)}", stacklevel=3)
+        procs = {"all": _run_worker(_told(Standby(WORKER_MODULE, 1)).take(1)[0], [*argv, "--part", "all"], "all")}
+    for proc in procs.values():
+        if proc.returncode == UNSUPPORTED_EXIT:
+            raise CachedPathUnsupported(_result(proc)["unsupported"])
+    for part, proc in procs.items():
+        if proc.returncode != 0:
+            detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+            failure = RuntimeError(f"the compile worker ({part}) failed: {detail}")
+            failure.add_note(f"the worker's output:\n{proc.stderr.rstrip()}")
+            raise failure
+    manifests = [_result(proc)["manifest"] for proc in procs.values()]
+    if any(manifest != manifests[0] for manifest in manifests):
+        raise RuntimeError(f"the compile workers of cache entry {key[:12]} built different callback layouts")
+    return manifests[0]
+
+
+def _told(standby: Standby) -> Standby:
+    """``standby``, its processes told the environment to import numba and PyTensor under
+    (again, if its starter told them already: the same line is written once)."""
+    standby.announce(worker_environment())
+    return standby
+
+
+def _run_worker(proc: subprocess.Popen, argv: list[str], part: str) -> subprocess.CompletedProcess:
+    """Give a started worker its arguments and wait for it."""
+    return finish(proc, json.dumps(argv).encode(), f"compile worker ({part})")
+
+
+def _result(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    """The JSON line a worker printed last."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])

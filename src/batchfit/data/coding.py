@@ -1,0 +1,269 @@
+"""One coding of text (label) columns for the whole sweep: a label has the same code in every dataset.
+
+A model indexes per-level parameters with a text column's integer codes, so a code must mean
+the same label in every dataset: coded per dataset, a school whose `sex` column holds only "M"
+would give "M" the code that "F" has everywhere else. `sweep_coding` therefore derives one
+label -> code mapping per column from all datasets (or takes it from the config's `columns`)
+and every job (compile, fit, ``batchfit check``) loads datasets with it.
+
+The levels taken from the data live in an append-only registry, ``{results_dir}/coding.json``:
+a level keeps its code for as long as the registry exists, and a new dataset's new labels are
+appended after the existing ones, so adding a dataset can never shift another's codes. Only
+files that are new or changed since they were last scanned (size, modification time) are read,
+so a sweep of thousands of datasets pays a `stat` per file per job. The registry is updated
+under a file lock and its result depends only on the files and the config, never on which job
+got there first.
+
+A column is a label column when the config lists it under `columns`, or when it holds text in
+every dataset that has values in it: a column with numbers in any dataset is numeric for the
+whole sweep, so a stray word in one file (`many` in a `count` column) is reported as a
+non-numeric value instead of turning the column into codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from batchfit.common.atomic import atomic_path
+from batchfit.config import ColumnSettings, Config, config_to_dict
+from batchfit.data.discovery import discover_datasets, table_kind
+from batchfit.data.labels import Coding, ColumnCoding
+from batchfit.errors import BatchfitError, ConfigError, DatasetError
+
+log = logging.getLogger("batchfit")
+
+
+REGISTRY_NAME = "coding.json"
+
+
+_FORMAT = 1
+
+
+_DEFAULT = ColumnSettings()
+
+
+def registry_path(config: Config) -> Path:
+    """Where the sweep's label levels are kept."""
+    return Path(config.results_dir) / REGISTRY_NAME
+
+
+def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, record: bool = True) -> Coding:
+    """The coding of every text column for the sweep of `config` (datasets `paths`, id -> file).
+
+    Scans new or changed files, appends their new labels to the registry (written atomically
+    under a lock) and returns the coding every job of the sweep agrees on. Before the sweep's
+    results directory exists (a sweep being planned, or a dry run of it), or with ``record`` false
+    (`batchfit status`, which only reads), nothing is written: the coding is then computed from
+    the registry and the data, as the next job will compute and record it (or `write_planned`,
+    when the run starts).
+    """
+
+
+    paths = discover_datasets(config) if paths is None else paths
+    path = registry_path(config)
+    if not record or not path.parent.is_dir():
+        registry = _read_registry(path)
+        _update(registry, config, paths)
+        if record:
+            _planned[path] = registry
+        return _coding(registry, config, paths)
+    with _locked(config, path):
+        registry = _read_registry(path)
+        if _update(registry, config, paths):
+            _write_registry(path, registry)
+    return _coding(registry, config, paths)
+
+
+# Registries computed for sweeps whose results directory did not exist yet, by path: what
+# `write_planned` writes once a run has made the directory.
+_planned: dict[Path, dict[str, Any]] = {}
+
+
+def write_planned(config: Config) -> None:
+    """Write the registry this process computed for `config` while its results directory did not exist.
+
+    A new sweep's plan (Snakemake's main process, before the run makes the directory) scans
+    every data file; written at the run's start (`batchfit.sweep.plan.write_plan`), it spares the
+    first fit job the same scan, which the other jobs waited for behind the registry's lock.
+    Not over a registry some process wrote meanwhile (the jobs update that one as always).
+    """
+    path = registry_path(config)
+    registry = _planned.pop(path, None)
+    if registry is None or not path.parent.is_dir():
+        return
+    with _locked(config, path):
+        if not path.exists():
+            _write_registry(path, registry)
+
+
+@contextlib.contextmanager
+def _locked(config: Config, path: Path) -> Iterator[None]:
+    """Hold the registry's file lock, or say which lock a stuck job holds."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=config.cache.lock_timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise BatchfitError(f"another process held the lock {lock.lock_file} for more than "
+                            f"{config.cache.lock_timeout} s (cache.lock_timeout); is a job stuck?") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_registry(path: Path, registry: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(registry, indent=1, sort_keys=True))
+
+
+def _read_registry(path: Path) -> dict[str, Any]:
+    """The registry, or an empty one when there is none or it is damaged (with a warning)."""
+    empty: dict[str, Any] = {"format": _FORMAT, "levels": {}, "datasets": {}}
+    try:
+        registry = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return empty
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the damaged label registry %s (%s): label levels are recomputed from the "
+                    "data, so codes may differ from those of existing fits", path, exc)
+        return empty
+    if (not isinstance(registry, dict) or registry.get("format") != _FORMAT
+            or not isinstance(registry.get("levels"), dict) or not isinstance(registry.get("datasets"), dict)):
+        log.warning("ignoring the label registry %s of an unknown format: label levels are recomputed from the "
+                    "data, so codes may differ from those of existing fits", path)
+        return empty
+    return registry
+
+
+def _settings(config: Config) -> str:
+    """Digest of the `columns` config: a change makes every file be scanned again."""
+    text = json.dumps(config_to_dict(config)["columns"], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _update(registry: dict[str, Any], config: Config, paths: Mapping[str, Path]) -> bool:
+    """Scan new and changed files, append new levels of label columns; True if the registry changed."""
+
+
+    settings = _settings(config)
+    scanned: dict[str, Any] = registry["datasets"]
+    changed = False
+    for gone in set(scanned) - set(paths):
+        del scanned[gone]
+        changed = True
+    for dataset_id, file in paths.items():
+        try:
+            stat = Path(file).stat()
+        except OSError:  # gone since it was found: loading it reports the problem
+            stat = None
+        stamp = [stat.st_size, stat.st_mtime_ns, settings] if stat else None
+        entry = scanned.get(dataset_id)
+        if entry is not None and entry["file"] == str(file) and entry["stamp"] == stamp and stamp:
+            continue
+        kind = table_kind(file) if stat else None
+        columns = _scan(dataset_id, Path(file), kind, frozenset(config.columns)) if kind else {}
+        scanned[dataset_id] = {"file": str(file), "stamp": stamp,
+                               "columns": {name: k for name, (k, _) in columns.items()},
+                               "labels": {name: values for name, (_, values) in columns.items()
+                                          if values and _levels_from_data(config, name)}}
+        changed = True
+    for name, column in _label_columns(scanned, config, paths).items():
+        if _levels_from_data(config, name):
+            changed = _append_levels(registry["levels"], name, column, scanned, paths, config) or changed
+    return changed
+
+
+def _levels_from_data(config: Config, name: str) -> bool:
+    """Whether column `name` takes its sweep-wide levels from the data (not listed, not per dataset)."""
+    column = config.columns.get(name, _DEFAULT)
+    return column.levels is None and column.scope == "sweep"
+
+
+def _scan(dataset_id: str, path: Path, kind: str, as_text: frozenset[str]) -> dict[str, tuple[str, list[str]]]:
+    """Column kinds and text labels of one file; an unreadable file has none (loading it reports why)."""
+    from batchfit.data.readers import scan_table  # pandas, only when a file is scanned: not to plan a known sweep
+
+    try:
+        return scan_table(dataset_id, path, kind, as_text)
+    except DatasetError:
+        return {}
+
+
+def _label_columns(scanned: Mapping[str, Any], config: Config, paths: Mapping[str, Path]) -> dict[str, ColumnSettings]:
+    """The sweep's label columns with their settings: listed in the config, or text wherever they have values.
+
+    A column with numbers in any dataset is numeric for the whole sweep, whichever dataset is
+    the reference, so text in it is reported as a bad value rather than coded.
+    """
+    kinds: dict[str, set[str]] = {}
+    for dataset_id in paths:
+        for name, kind in scanned[dataset_id]["columns"].items():
+            kinds.setdefault(name, set()).add(kind)
+    _check_listed_columns_exist(config, kinds)
+    return {name: config.columns.get(name, _DEFAULT) for name, seen in sorted(kinds.items())
+            if name in config.columns or ("text" in seen and "number" not in seen)}
+
+
+def _append_levels(
+    levels: dict[str, Any], name: str, settings: ColumnSettings, scanned: Mapping[str, Any],
+    paths: Mapping[str, Path], config: Config,
+) -> bool:
+    """Append the labels of column `name` not yet known (datasets by id, rows in order); never reorder."""
+    known = levels.get(name)
+    if known is not None and known["order"] != settings.order:
+        log.warning("column '%s': order changed from %s to %s; its levels are recomputed, so its codes "
+                    "change (fits are redone)", name, known["order"], settings.order)
+        known = None
+    existing = known["levels"] if known else []
+    present = set(existing)
+    fresh: dict[str, None] = {}
+    for dataset_id in paths:
+        # A label with a NUL character cannot be stored in any fit's NetCDF: it is never a level, and
+        # only the dataset holding it fails (loading it says why), not every dataset of the sweep.
+        fresh.update(dict.fromkeys(v for v in scanned[dataset_id]["labels"].get(name, ())
+                                   if v not in present and "\x00" not in v))
+    if not fresh and known is not None:
+        return False
+    new = sorted(fresh) if settings.order == "sorted" else list(fresh)
+    if settings.order == "sorted" and existing and new and new[0] < existing[-1]:
+        log.warning("column '%s': new level(s) %s are appended after the existing %d so that no existing "
+                    "code changes; the levels are no longer sorted (list them under 'columns: {%s: {levels: "
+                    "[...]}}' in %s to fix the order)", name, ", ".join(map(repr, new[:5])), len(existing), name,
+                    config.source)
+    levels[name] = {"order": settings.order, "levels": existing + new}
+    return True
+
+
+def _coding(registry: Mapping[str, Any], config: Config, paths: Mapping[str, Path]) -> Coding:
+    """The label columns and their codings from a current registry."""
+    scanned = registry["datasets"]
+    labels = {}
+    for name, settings in _label_columns(scanned, config, paths).items():
+        if settings.levels is not None:
+            levels: tuple[str, ...] | None = settings.levels
+        elif settings.scope == "dataset":
+            levels = None
+        else:
+            levels = tuple(registry["levels"][name]["levels"])
+        labels[name] = ColumnCoding(levels, settings.order, as_text=name in config.columns)
+    return Coding(labels, {d: tuple(scanned[d]["columns"]) for d in paths})
+
+
+def _check_listed_columns_exist(config: Config, kinds: Mapping[str, Iterable[str]]) -> None:
+    """A `columns` entry naming no column of any table is a typo: say so, with a did-you-mean."""
+    for name in config.columns:
+        if name in kinds:
+            continue
+        close = difflib.get_close_matches(name, list(kinds), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"no dataset (CSV or Parquet) has a column {name!r}{hint}",
+                          key=f"columns.{name}", source=config.source)

@@ -1,0 +1,194 @@
+"""Read CSV, Parquet and NetCDF files into named arrays and coordinate labels.
+
+Kept apart from `batchfit.data.dataset` so that planning a sweep (Snakemake parses the Snakefile on
+every run) does not import pandas and xarray; they are imported only where a file is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from batchfit.data.labels import Coding, ColumnCoding
+from batchfit.errors import DatasetError
+
+
+def read_arrays(
+    dataset_id: str, path: Path, kind: str, coding: Coding | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+    """Arrays and text-column labels of a "CSV", "Parquet" or "NetCDF" file; problems are DatasetErrors.
+
+    Table columns are coded by the sweep's `coding` (see `batchfit.data.coding`), or without one
+    each text column within this file by sorted labels.
+    """
+    if kind == "NetCDF":
+        return _read_netcdf(dataset_id, path)
+    as_text = coding.as_text if coding is not None else frozenset()
+    frame = _read_table(dataset_id, path, kind, as_text)
+    return _columns_to_arrays(frame, coding, dataset_id, path)
+
+
+def scan_table(
+    dataset_id: str, path: Path, kind: str, as_text: frozenset[str]
+) -> dict[str, tuple[str, list[str]]]:
+    """Each column's kind ("text", "number", or "empty" without values) and its distinct labels.
+
+    Labels are listed in order of first appearance; `as_text` columns are read as text.
+    """
+    frame = _read_table(dataset_id, path, kind, as_text)
+    found: dict[str, tuple[str, list[str]]] = {}
+    for name, column in frame.items():
+        present = column.dropna()
+        if present.empty:
+            found[str(name)] = ("empty", [])
+        elif _is_number(column):
+            found[str(name)] = ("number", [])
+        else:
+            found[str(name)] = ("text", list(dict.fromkeys(present.astype(str))))
+    return found
+
+
+def _read_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str] = frozenset()) -> pd.DataFrame:
+    """Parse a CSV or Parquet file that has at least one row; any problem is one DatasetError.
+
+    Columns in `as_text` are read as text, whatever their values look like.
+    """
+    try:
+        if kind == "CSV":
+            frame = pd.read_csv(path, dtype={name: str for name in as_text})
+        else:
+            frame = pd.read_parquet(path)
+    # The readers raise many unrelated exception types for malformed input (pandas, pyarrow,
+    # codecs); all of them mean "this file cannot be read as <kind>".
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(
+            f"cannot read the file as {kind}: {_one_line(exc)}", dataset=dataset_id, path=path
+        ) from None
+    if not isinstance(frame.index, pd.RangeIndex) or frame.index.name is not None:
+        frame = frame.reset_index()  # keep a meaningful Parquet index as a column
+    if frame.shape[1] == 0:
+        raise DatasetError("the file has no columns", dataset=dataset_id, path=path)
+    if frame.shape[0] == 0:
+        raise DatasetError("the file has a header but no data rows", dataset=dataset_id, path=path)
+    for name in as_text & {str(n) for n in frame.columns}:
+        if _is_number(frame[name]):  # Parquet keeps its stored types: labels 1, 2 become "1", "2"
+            frame[name] = frame[name].astype(object).map(str, na_action="ignore")
+    return frame
+
+
+def _read_netcdf(dataset_id: str, path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+    """Each data variable becomes an array; each 1-D coordinate becomes a coords entry."""
+    import xarray as xr  # here: Snakemake's planning scans CSV files only, and xarray's import took ~0.07 s of it
+
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds.load()
+    # As for tables: malformed files raise assorted h5py/xarray/OS errors.
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(
+            f"cannot read the file as NetCDF: {_one_line(exc)}", dataset=dataset_id, path=path
+        ) from None
+    if not ds.data_vars:
+        raise DatasetError("the file has no data variables", dataset=dataset_id, path=path)
+    arrays = {str(name): np.asarray(var.values) for name, var in ds.data_vars.items()}
+    coords: dict[str, tuple] = {}
+    for name, coord in ds.coords.items():
+        if coord.ndim == 1:
+            coords[str(name)] = tuple(coord.values.tolist())
+        else:
+            arrays[str(name)] = np.asarray(coord.values)
+    return arrays, coords
+
+
+def _columns_to_arrays(
+    frame: pd.DataFrame, coding: Coding | None, dataset_id: str, path: Path
+) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+    """Numeric columns become int64/float64 arrays; label columns become codes plus labels.
+
+    With a sweep `coding`, text in a column that is not a label column (it holds numbers in
+    another dataset) stays text, for the checks to report with its row.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    coords: dict[str, tuple] = {}
+    for name, column in frame.items():
+        key = str(name)
+        spec = coding.labels.get(key) if coding is not None else None
+        if spec is not None or (coding is None and not _is_number(column)):
+            arrays[key], coords[key] = _encode_labels(column, spec, dataset_id, path, key)
+        elif not _is_number(column):
+            arrays[key] = column.astype(object).where(column.notna(), np.nan).to_numpy(dtype=object)
+        elif not column.hasnans and _fits_int64(column):
+            arrays[key] = column.to_numpy(dtype=np.int64)  # bool and integer columns
+        else:
+            arrays[key] = column.to_numpy(dtype=np.float64, na_value=np.nan)
+    return arrays, coords
+
+
+def _is_number(column: pd.Series) -> bool:
+    """Bool, integer or real columns, including pandas' nullable Int64/Float64/boolean."""
+    types = pd.api.types
+    return (
+        types.is_numeric_dtype(column.dtype)
+        and not types.is_complex_dtype(column.dtype)
+        and not isinstance(column.dtype, pd.CategoricalDtype)
+    )
+
+
+def _fits_int64(column: pd.Series) -> bool:
+    """True for bool and integer columns whose values all fit in int64."""
+    if pd.api.types.is_bool_dtype(column.dtype):
+        return True
+    if not pd.api.types.is_integer_dtype(column.dtype):
+        return False
+    return (
+        pd.api.types.is_signed_integer_dtype(column.dtype)
+        or int(column.max()) <= np.iinfo(np.int64).max
+    )
+
+
+def _encode_labels(
+    column: pd.Series, spec: ColumnCoding | None, dataset_id: str, path: Path, name: str
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Codes into the labels (the sweep's levels, else this file's, sorted unless "appearance").
+
+    Missing values get code -1; a label missing from the sweep's levels is a DatasetError.
+    """
+    missing = column.isna().to_numpy()
+    text = column[~missing].astype(str).to_numpy(dtype=object)
+    codes = np.full(len(column), -1, dtype=np.int64)
+    if spec is None or spec.levels is None:
+        present, labels = pd.factorize(text, sort=spec is None or spec.order == "sorted")
+        codes[~missing] = present
+        return codes, tuple(str(label) for label in labels)
+    present = pd.Index(spec.levels, dtype=object).get_indexer(text)
+    if np.any(present < 0):
+        raise _unknown_label(text, present, missing, spec, dataset_id, path, name)
+    codes[~missing] = present
+    return codes, spec.levels
+
+
+def _unknown_label(
+    text: np.ndarray, present: np.ndarray, missing: np.ndarray, spec: ColumnCoding, dataset_id: str, path: Path,
+    name: str,
+) -> DatasetError:
+    """The error for labels outside the sweep's levels, naming the first value and its row."""
+    unknown = list(dict.fromkeys(text[present < 0]))
+    row = int(np.flatnonzero(~missing)[np.argmax(present < 0)])
+    values = ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
+    if any("\x00" in label for label in unknown):
+        why = "a label with a NUL character, which the NetCDF outputs cannot store (so it is no level of the sweep)"
+    elif spec.order == "listed":
+        why = (f"not among the levels listed in the config (columns.{name}.levels: "
+               f"{', '.join(spec.levels or ())}); add {'it' if len(unknown) == 1 else 'them'} to that list")
+    else:
+        why = "not among the sweep's levels of this column: the file changed after they were computed; run again"
+    return DatasetError(f"value {values} (first at row index {row}, counting from 0) is {why}",
+                        dataset=dataset_id, path=path, column=name)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as a single line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -1,0 +1,236 @@
+"""Fit a batch of datasets with one compiled model: load, check, build, sample, write, per dataset.
+
+A dataset that fails at any stage is recorded in ``failures/{id}.json`` and, with ``on_error:
+continue``, the batch goes on. While one dataset samples (in nutpie's threads, outside the GIL),
+the main thread finishes the one before and prepares the next; with more threads than chains,
+helper processes fit datasets of the batch beside it (`batchfit.fitting.lanes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchfit.common.atomic import remove_stale_temporaries
+from batchfit.compat import wait_for_sampler_threads
+from batchfit.compile.structures import Structure
+from batchfit.config import Config
+from batchfit.data.dataset import Dataset, load_dataset
+from batchfit.errors import (
+    BatchfitError,
+    is_expected,
+    one_line,
+)
+from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.fitter import Fitter, Sampling, prepare
+from batchfit.fitting.lanes import LANE_STAGE, lanes
+from batchfit.fitting.outcome import BatchReport, Outcome, hint, record_failed, write_manifest
+from batchfit.fitting.provenance import Provenance, record, sidecar_path
+
+log = logging.getLogger("batchfit")
+
+
+def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
+    """Fit ``dataset_ids`` with one compile; write fits, failures and the manifest.
+
+    With more threads than the sampler's chains, helper processes fit datasets of the batch
+    beside this one (`batchfit.fitting.lanes`). With ``on_error: stop`` the first failure (in the batch's
+    order) is raised after the manifest is written; with ``continue`` it is recorded and the batch
+    goes on. Already written fits are never removed.
+    """
+    # The datasets first, so that a dataset's log lines (each starts with its id) are found by
+    # `batchfit status --dataset` and by grep.
+    log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
+    owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
+    stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
+    if stale:
+        log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
+    with lanes(config, dataset_ids, threads=threads) as job_lanes:  # helpers start first: their start overlaps ours
+        cache, paths, ref = prepare(config)
+        fitter = Fitter(config, ref, cache, compile_workers=threads)
+        log.info("compile: %s", fitter.compile_line)
+        report = BatchReport(batch_id, fitter.compile_line)
+        progress = Progress(len(dataset_ids))
+        own = fit_datasets(fitter, job_lanes.claims, paths, threads=job_lanes.threads_each)
+        try:
+            for outcome in in_batch_order(job_lanes.outcomes(own)):
+                if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
+                    record_failed(config, outcome, paths.get(outcome.dataset))
+                report.outcomes.append(outcome)
+                log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
+                         f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
+                progress.done_one()
+                if outcome.status == "failed" and config.on_error == "stop":
+                    raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
+        finally:  # the helpers are ended on leaving `lanes`; this lane's sample is cancelled by `own`'s own finally
+            own.close()
+            write_manifest(config, report)
+    return report
+
+
+def in_batch_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
+    """Outcomes that come as lanes finish them, in the batch's order (so ``on_error: stop`` stops
+    where a sequential fit would, and the manifest lists the batch as given)."""
+    waiting: dict[int, Outcome] = {}
+    following = 0
+    for index, outcome in outcomes:
+        waiting[index] = outcome
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1
+
+
+# How often the main thread looks whether a sample has finished: short against any sample (the
+# tiniest take ~20 ms) and long enough to leave the cores to the chains.
+_POLL_SECONDS = 0.002
+
+
+@dataclass
+class DatasetFit:
+    """One dataset on its way through a batch: what is known of it so far, and the stage it is at."""
+
+    id: str
+    path: Path | None
+    started: float = field(default_factory=time.perf_counter)
+    stage: str = "load"
+    provenance: Provenance | None = None
+    dataset: Dataset | None = None
+    model: Any = None
+    structure: Structure | None = None
+    sampling: Sampling | None = None
+
+
+def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: Mapping[str, Path], *,
+                 threads: int) -> Iterator[tuple[int, Outcome]]:
+    """Fit the claimed (position, dataset id) pairs one sample at a time; yield (position, Outcome) as each ends.
+
+    nutpie samples in its own threads, outside the GIL. So while a dataset samples, this thread
+    finishes the one before (optional outputs, writing) and prepares the next (load, check,
+    build, sampler model), claiming it only then: another lane may take it first
+    (`batchfit.fitting.lanes.Claims`). A dataset's draws depend only on its data and seed.
+    """
+    running: tuple[int, DatasetFit] | None = None
+    try:
+        for index, dataset_id in claims:
+            prepared = _prepare(fitter, dataset_id, paths)  # while `running` samples
+            if isinstance(prepared, Outcome):
+                yield index, prepared
+                continue
+            finished = running
+            if finished is not None:
+                while not finished[1].sampling.finished:
+                    time.sleep(_POLL_SECONDS)
+            fitter.start(prepared.sampling, threads=threads)
+            running = index, prepared
+            if finished is not None:  # finished while the next one samples
+                yield finished[0], _complete(fitter, finished[1], threads=threads)
+        if running is not None:
+            finished, running = running, None
+            yield finished[0], _complete(fitter, finished[1], threads=threads)
+    finally:  # with a sample running only when the caller stops (on_error: stop, or an interrupt)
+        if running is not None:
+            running[1].sampling.cancel()
+        after_sampling()
+
+
+def after_sampling() -> None:
+    """Wait until no nutpie chain thread of this process is left, once none of its samples is wanted.
+
+    A failed sample's chain threads may still be winding down, and a process that exits under
+    them dies (see `compat.wait_for_sampler_threads`). Only called when no sampler is running:
+    the threads of a sampler whose result nobody takes do not end, so waiting while other
+    datasets sample ran into the minute's timeout after every failed sample.
+    """
+    if not wait_for_sampler_threads():
+        log.warning("nutpie's chain threads did not end within a minute after sampling")
+
+
+def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> DatasetFit | Outcome:
+    """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
+    job = DatasetFit(dataset_id, paths.get(dataset_id))
+    try:
+        if dataset_id not in paths:
+            raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
+        job.provenance = fitter.provenance(dataset_id, paths[dataset_id])
+        job.dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
+        job.stage = "build"
+        job.model = fitter.build(job.dataset)
+        job.stage = "compile"
+        job.structure = fitter.structure(job.model, job.dataset)
+        if job.structure.error is not None:
+            raise RuntimeError(f"compiling model structure {job.structure.id[:12]} failed: "
+                               f"{one_line(job.structure.error)}") from job.structure.error
+        job.stage = "sample"
+        job.sampling = fitter.sampling(job.model, job.dataset, job.structure)
+    except Exception as exc:  # noqa: BLE001 - isolate the dataset; the failure record says what to fix
+        return _failed(fitter.config, job, exc)
+    return job
+
+
+def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
+    """Take a started dataset's sample, add its outputs and write its fit; a failure becomes its Outcome."""
+    config = fitter.config
+    try:
+        tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
+                             provenance=job.provenance)
+        job.stage = "write"
+        # The sidecar goes first and comes back last: a job killed in between leaves a fit
+        # without one (the plan then reads the fit itself), never a sidecar of another fit.
+        sidecar_path(config, job.id).unlink(missing_ok=True)
+        write_fit(tree, config.fit_path(job.id))
+        record(config, job.id, job.provenance)
+    except Exception as exc:  # noqa: BLE001 - as in `_prepare`
+        return _failed(config, job, exc)
+    config.failure_path(job.id).unlink(missing_ok=True)
+    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"])
+
+
+def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
+    """Record a dataset's failure (and drop its stale fit); the Outcome names the stage and the fix.
+
+    An unexpected exception (`errors.is_expected`) is batchfit's bug: logged at ERROR with its
+    traceback, which its failure record keeps too, never retried another way.
+    """
+    message = one_line(exc)
+    trace = ""
+    if not is_expected(exc):
+        trace = "".join(traceback.format_exception(exc))
+        log.error("%s: batchfit failed at %s, a bug to report with this traceback:\n%s", job.id, job.stage, trace)
+    if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
+        message = (f"{job.stage} failed for dataset '{job.id}' (file {job.path}): "
+                   f"{message}{hint(message)}")
+    outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message,
+                      trace)
+    record_failed(config, outcome, job.path)
+    return outcome
+
+
+class Progress:
+    """Logs ``progress: D/T datasets, R/s, ETA S s`` every ``seconds`` or every tenth of the batch.
+
+    One line a dataset would drown a long batch's log; one at the end says nothing while it runs.
+    """
+
+    def __init__(self, total: int, *, seconds: float = 10.0):
+        self.total = total
+        self.done = 0
+        self.seconds = seconds
+        self.every = max(1, total // 10)
+        self.start = self.last = time.perf_counter()
+        self.last_done = 0
+
+    def done_one(self) -> None:
+        """Count a finished dataset (fitted or failed); log when the interval is up or the batch is done."""
+        self.done += 1
+        now = time.perf_counter()
+        if self.done < self.total and now - self.last < self.seconds and self.done - self.last_done < self.every:
+            return
+        rate = self.done / max(now - self.start, 1e-9)
+        log.info("progress: %d/%d datasets, %.2f/s, ETA %.0f s", self.done, self.total, rate,
+                 (self.total - self.done) / rate)
+        self.last, self.last_done = now, self.done

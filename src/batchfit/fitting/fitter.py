@@ -1,0 +1,396 @@
+"""One job's fitter: the reference model, one compile per structure, and each dataset's sample.
+
+One job compiles (or loads from the cache) once and then only swaps data: every dataset's model
+is built by the user's ``build_model`` (cheap Python), checked to have the reference structure,
+and sampled with the cached callbacks (`Fitter`). `batchfit.fitting.batch` runs a batch through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchfit import __version__
+from batchfit.cache.store import CacheDir, open_cache
+from batchfit.common.standby import Standby
+from batchfit.compat import import_nutpie, nutpie_trace
+from batchfit.compile.fingerprint import structure_of
+from batchfit.compile.structures import CACHED, FAILED, NUTPIE, PYMC, Structure, Structures
+from batchfit.compile.workers import ModelSource
+from batchfit.config import Config
+from batchfit.data.coding import sweep_coding
+from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model, load_dataset
+from batchfit.data.discovery import discover_datasets
+from batchfit.data.labels import Coding
+from batchfit.errors import (
+    BatchfitError,
+    CachedPathUnsupported,
+    ConfigError,
+    ModelContractError,
+    SamplerFailure,
+    one_line,
+)
+from batchfit.fitting.outcome import hint
+from batchfit.fitting.provenance import Provenance, dataset_provenance, file_sha256, sweep_parts
+from batchfit.model.model_file import (
+    baked_values,
+    build_model,
+    file_hash,
+    load_model_file,
+    observed_and_constant_data,
+    requirements,
+)
+from batchfit.model.variables import ROLE_ATTR, select_vars, variable_roles
+
+log = logging.getLogger("batchfit")
+
+
+def dataset_seed(global_seed: int, dataset_id: str) -> int:
+    """A dataset's seed: from the global seed and its id only, never its position in a batch."""
+    digest = hashlib.sha256(f"{global_seed}:{dataset_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class Reference:
+    """The dataset whose model defines the structure, dtypes and compile for the whole sweep.
+
+    `coding` is the sweep's coding of text columns, with which every dataset is loaded.
+    """
+
+    dataset: Dataset
+    model: Any
+    requirements: dict[str, Any]
+    coding: Coding
+
+
+def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
+    """Build the model for the first dataset (by id) that loads and builds.
+
+    Every job uses the same reference and the same coding, so all datasets get the same dtypes
+    and codes and share one cache entry however they are batched.
+    """
+    module = load_model_file(config.model)
+    coding = sweep_coding(config, paths)
+    errors = []
+    for dataset_id, path in paths.items():
+        try:
+            dataset = load_dataset(dataset_id, path, coding)
+            model = build_model(module, dataset)
+            reqs = requirements(model)
+            check_dataset(dataset, reqs)
+            return Reference(dataset, model, reqs, coding)
+        except BatchfitError as exc:
+            errors.append(str(exc))
+            if len(errors) >= 3:
+                break
+    raise ModelContractError("no dataset could be loaded and built into a model:\n  " + "\n  ".join(errors))
+
+
+def prepare(config: Config) -> tuple[CacheDir, Mapping[str, Path], Reference]:
+    """Open the cache, find datasets and build the reference model."""
+    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
+    paths = discover_datasets(config)
+    return cache, paths, reference_model(config, paths)
+
+
+def model_input(dataset: Dataset, ref: Reference) -> Dataset:
+    """``dataset`` as ``build_model`` receives it: checked and cast to the reference model's dtypes."""
+    coerced = coerce_for_model(dataset, ref.requirements)
+    return dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
+
+
+def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
+    """How a compile worker rebuilds the model of ``dataset``."""
+    return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
+                       coding.for_dataset(dataset.id), config.outputs)
+
+
+@dataclass
+class Sampling:
+    """One dataset's sample: its seed, nutpie sampler model and, once started, nutpie's background sampler."""
+
+    seed: int
+    model: Any = None
+    sampler: Any = None
+    error: Exception | None = None  # what stopped the sampler model being built or started
+
+    @property
+    def finished(self) -> bool:
+        """Whether `Fitter.result` would return without waiting for the chains."""
+        if self.sampler is None:
+            return True
+        try:
+            return self.sampler.is_finished
+        except TimeoutError:  # nutpie 0.16 raises this, instead of returning False, while chains run
+            return False
+        except Exception as exc:  # noqa: BLE001 - it raises the sample's own error (e.g. no initial point) here
+            self.error = SamplerFailure(one_line(exc))  # for `Fitter.result`, which then tries nutpie's own compile
+            self.error.__cause__ = exc
+            return True
+
+    def cancel(self) -> None:
+        """Stop the chains of a sample whose result is no longer wanted."""
+        if not self.finished:
+            self.sampler.cancel()
+
+
+class Fitter:
+    """Fits datasets of one model file: one compile per structure, then only sampling.
+
+    ``compile_workers``: the processes a compile may run at once (the job's cores), or a
+    `batchfit.common.standby.Standby` of compile workers already starting.
+    """
+
+    def __init__(self, config: Config, ref: Reference, cache: CacheDir, *, compile_workers: int | Standby = 1):
+        self.config = config
+        self.ref = ref
+        self.module = load_model_file(config.model)
+        self.model_hash = file_hash(config.model)
+        self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
+        self.structures = Structures(config, cache, compile_workers=compile_workers)
+        self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
+        self.kept = kept_variables(config, self.roles)
+        self.reference = self._structure(ref.model, ref.dataset)
+
+    @property
+    def compile_line(self) -> str:
+        """How the reference structure was obtained, for the job's log and manifest."""
+        if self.reference.compiled is not None:
+            return self.reference.compiled.report.line()
+        if self.reference.path == FAILED:
+            return f"compiling structure {self.reference.id[:12]} failed ({one_line(self.reference.error)})"
+        if self.reference.path == PYMC:
+            return f"pm.sample's own step methods for structure {self.reference.id[:12]} ({self.reference.reason})"
+        return f"nutpie's own compile for structure {self.reference.id[:12]} ({self.reference.reason})"
+
+    def build(self, dataset: Dataset) -> Any:
+        """Cast ``dataset`` to the reference dtypes and build its model.
+
+        When the reference structure samples through cached callbacks, datasets are built without
+        PyTensor's creation tracebacks (``traceback__limit=0``): PyTensor walks the Python stack for
+        every node it creates (``add_tag_trace``), about 40% of building the example model, on the
+        main thread while both cores sample (`benchmarks/throughput.py`: 0.062-0.064 -> 0.058-0.061 s a
+        dataset). Those tracebacks only explain errors of a graph PyTensor compiles or runs, and
+        on that path a dataset's graph never is: its data are read into the cached callbacks (a
+        new structure compiles in worker processes that build their own model; only a dataset
+        falling back to nutpie's own compile compiles the graph built here). A sweep whose
+        reference is on nutpie's or pm.sample's own compile keeps them.
+        """
+        import pytensor
+
+        limit = 0 if self.reference.path == CACHED else pytensor.config.traceback__limit
+        with pytensor.config.change_flags(traceback__limit=limit):
+            return build_model(self.module, model_input(dataset, self.ref))
+
+    def structure(self, model: Any, dataset: Dataset) -> Structure:
+        """The compiled structure for ``model`` (compiled now if this job has not met it)."""
+        if dataset.id == self.ref.dataset.id and structure_of(model) == self.reference.id:
+            return self.reference  # not built twice when it has a compile of its own (values baked in)
+        return self._structure(model, dataset)
+
+    def _structure(self, model: Any, dataset: Dataset) -> Structure:
+        return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding),
+                                         baked=baked_values(model, dataset))
+
+    def provenance(self, dataset_id: str, data_path: Path) -> Provenance:
+        """What a fit of this dataset records: hashed before the file is loaded, so a file
+        changed meanwhile leaves a digest that no longer matches, and the dataset pending."""
+        return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
+                                  self.ref.coding.for_dataset(dataset_id))
+
+    def sampling(self, model: Any, dataset: Dataset, structure: Structure) -> Sampling:
+        """Everything a dataset's sample needs but the threads: its seed and nutpie sampler model.
+
+        A dataset the cached path cannot take is kept for `result`, which tries nutpie's own compile.
+        """
+        sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
+        if structure.path == PYMC:  # pm.sample builds its own sampler, in `result`
+            return sampling
+        try:
+            sampling.model = structure.sampler_model(model)
+        except (CachedPathUnsupported, SamplerFailure) as exc:
+            sampling.error = exc
+        return sampling
+
+    def start(self, sampling: Sampling, *, threads: int) -> None:
+        """Start sampling in nutpie's own threads (outside the GIL) and return at once."""
+        if sampling.error is not None or sampling.model is None:  # nothing to start (PyMC's path samples in `result`)
+            return
+        sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
+
+    def result(self, sampling: Sampling, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
+               provenance: Provenance) -> Any:
+        """Wait for a started sample and return the dataset's DataTree.
+
+        If the cached path cannot take the dataset (`CachedPathUnsupported`) or nutpie's sampler
+        fails on it there (`SamplerFailure`), it is sampled again through nutpie's own compile,
+        which is what ``pm.sample(nuts_sampler="nutpie")`` runs: a dataset only fails when pm.sample
+        would fail on it too, and its error says so; the fit records why it fell back. Any other
+        exception is batchfit's bug, and fails the dataset with its traceback.
+        """
+        seed, path, fallback = sampling.seed, structure.path, structure.reason or ""
+        if path == PYMC:
+            return self.finish(self._pymc_sample(model, dataset, seed), model, dataset, structure, seed,
+                               provenance, path, fallback)
+        try:
+            if sampling.error is not None:
+                raise sampling.error
+            tree = sampled_trace(sampling.sampler, sampling.model)
+        except (CachedPathUnsupported, SamplerFailure) as first:
+            if path != CACHED:
+                raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) through nutpie's "
+                                    "own compile, which is what pm.sample(nuts_sampler='nutpie') runs, so it fails "
+                                    f"there too: {one_line(first)}{hint(one_line(first))}") from first
+            fallback = one_line(first)
+            log.warning("%s: batchfit's cached path failed (%s); sampling it through nutpie's own compile",
+                        dataset.id, fallback)
+            try:
+                tree, path = self._nutpie_sample(structure.nutpie_model(model), seed, threads), NUTPIE
+            except SamplerFailure as second:
+                raise BatchfitError(
+                    f"sampling failed for dataset '{dataset.id}' ({dataset.path}) on batchfit's cached path "
+                    f"({fallback}) and through nutpie's own compile, which is what "
+                    f"pm.sample(nuts_sampler='nutpie') runs: {one_line(second)}{hint(one_line(second))}"
+                ) from second
+        return self.finish(tree, model, dataset, structure, seed, provenance, path, fallback)
+
+    def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
+               provenance: Provenance) -> Any:
+        """Sample one dataset's posterior and wait for it (`sampling`, `start`, `result`); return its DataTree."""
+        sampling = self.sampling(model, dataset, structure)
+        self.start(sampling, threads=threads)
+        return self.result(sampling, model, dataset, structure, threads=threads, provenance=provenance)
+
+    def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int, *, blocking: bool = True) -> Any:
+        """nutpie's sample as a DataTree, or with ``blocking=False`` its background sampler
+        (`compat.nutpie_trace` waits for it and gives the DataTree).
+
+        A failed sample's chain threads may outlive it: whoever ends the samples of a process
+        waits for them (`after_sampling`), not this call, since other datasets' samplers may
+        still be running and their threads end only once this thread has taken their results.
+        """
+        s = self.config.sampler
+        sampler = import_nutpie().sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
+                                cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
+                                progress_bar=False, save_warmup=False, blocking=False, return_raw_trace=True)
+        if not blocking:
+            return sampler
+        try:
+            return sampled_trace(sampler, sampler_model)
+        except Exception:  # as nutpie.sample(blocking=True) does
+            sampler.cancel()
+            raise
+
+    def _pymc_sample(self, model: Any, dataset: Dataset, seed: int) -> Any:
+        """``pm.sample`` with PyMC's own step methods (for discrete free variables), the sweep's settings.
+
+        One chain after another (``cores=1``): PyMC runs parallel chains in forked processes, and
+        this process may have nutpie's chain threads running for other datasets of the batch.
+        """
+        import pymc as pm
+        from pymc.vartypes import continuous_types
+
+        s = self.config.sampler
+        # target_accept is NUTS's; pm.sample refuses settings for a step method it does not use
+        nuts = {"nuts": {"target_accept": s.target_accept}} if any(
+            rv.dtype in continuous_types for rv in model.free_RVs) else {}
+        try:
+            return pm.sample(draws=s.draws, tune=s.tune, chains=s.chains, cores=1, random_seed=seed,
+                             nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
+                             model=model, **nuts)
+        except Exception as exc:
+            raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) in pm.sample with "
+                                f"PyMC's own step methods, so pm.sample fails on it too: {one_line(exc)}") from exc
+
+    def finish(self, tree: Any, model: Any, dataset: Dataset, structure: Structure, seed: int,
+               provenance: Provenance, path: str, fallback: str) -> Any:
+        """Add data groups, optional extras and provenance attributes to a sampled DataTree."""
+        import xarray as xr
+
+        observed, constant = observed_and_constant_data(model)
+        groups = {"observed_data": _dataset(observed, model, dataset),
+                  "constant_data": _dataset(constant, model, dataset)}
+        with structure.loaded(model):  # the extras read the template; other datasets are sampling meanwhile
+            groups.update(structure.extras.compute(model, tree, seed))  # before dropping: they may read any variable
+        groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
+        if "diverging" not in tree["sample_stats"].data_vars:  # PyMC's path with no NUTS step: none can diverge
+            sizes = groups["posterior"].sizes
+            groups["sample_stats"] = tree["sample_stats"].to_dataset().assign(
+                diverging=(("chain", "draw"), np.zeros((sizes["chain"], sizes["draw"]), dtype=bool)))
+        for name, ds in groups.items():
+            tree[name] = xr.DataTree(ds)
+        tree.attrs.update({
+            "batchfit_version": __version__,
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),  # sampled just now
+            "dataset": dataset.id,
+            "source": str(dataset.path),
+            "model_file": str(self.config.model),
+            "seed": seed,
+            "compile_key": structure.key,
+            "structure": structure.id,
+            "sampler_path": path,
+            "fallback": fallback,  # why not batchfit's cached path ('' when it was)
+            **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
+        })
+        return tree
+
+
+def sampled_trace(sampler: Any, model: Any) -> Any:
+    """The DataTree of a started nutpie sampler; what its chains raise is a `SamplerFailure`."""
+    try:
+        raw = sampler.wait()
+    except Exception as exc:
+        raise SamplerFailure(one_line(exc)) from exc
+    return nutpie_trace(sampler, raw, model)
+
+
+def kept_variables(config: Config, roles: Mapping[str, str]) -> list[str]:
+    """The posterior variables each fit keeps (`outputs.var_names`); a name the model lacks is a ConfigError."""
+    o = config.outputs
+    try:
+        return select_vars(list(roles), o.var_names, o.filter_vars)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} in the model of {config.model}", key="outputs.var_names",
+                          source=config.source) from None
+
+
+def _kept_posterior(posterior: Any, kept: Sequence[str], roles: Mapping[str, str]) -> Any:
+    """The kept variables of a sampled posterior, each with its role (`batchfit.model.variables`) as attribute."""
+    wanted = set(kept)
+    posterior = posterior[[name for name in posterior.data_vars if name in wanted]]
+    for name, var in posterior.data_vars.items():
+        var.attrs[ROLE_ATTR] = roles[name]
+    return posterior
+
+
+def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any, dataset: Dataset) -> Any:
+    """An xarray Dataset from name -> (dims, array), with the model's coordinate labels.
+
+    A label column's codes come with their labels: variable ``{name}_labels`` along dimension
+    ``{name}_code`` holds the label of each code, so a fit can be read without the sweep's coding.
+    """
+    import xarray as xr
+
+    variables = {}
+    coords = {}
+    for name, (dims, value) in arrays.items():
+        dims = dims or tuple(f"{name}_dim_{i}" for i in range(value.ndim))
+        variables[name] = (dims, value)
+        for dim in dims:
+            labels = model.coords.get(dim)
+            if labels is not None:
+                coords[dim] = list(labels)
+    for name in list(variables):
+        labels = dataset.coords.get(name) if name in dataset.arrays else None
+        if labels is not None and f"{name}_labels" not in variables:
+            variables[f"{name}_labels"] = (f"{name}_code", np.array(labels, dtype=object))
+    return xr.Dataset(variables, coords=coords)

@@ -1,0 +1,98 @@
+"""What happened to each dataset of a batch: its outcome, failure record and the batch manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchfit.common.atomic import atomic_path
+from batchfit.config import Config
+from batchfit.errors import DatasetError
+from batchfit.fitting.provenance import sidecar_path
+
+log = logging.getLogger("batchfit")
+
+
+@dataclass
+class Outcome:
+    """What happened to one dataset in a batch."""
+
+    dataset: str
+    status: str  # "ok" or "failed"
+    seconds: float
+    stage: str | None = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str = ""  # an unexpected error's (`errors.is_expected`): batchfit's bug, to report
+    fallback: str = ""  # a fitted dataset's: why it was not sampled on batchfit's cached path
+
+
+@dataclass
+class BatchReport:
+    """The outcomes of one batch, written as the batch manifest."""
+
+    batch: str
+    compile: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(o.status == "failed" for o in self.outcomes)
+
+
+def record_failed(config: Config, outcome: Outcome, path: Path | None) -> None:
+    """Write a failed dataset's record and drop its fit from an older run, which is stale now."""
+    record_failure(config, outcome, path)
+    config.fit_path(outcome.dataset).unlink(missing_ok=True)
+    sidecar_path(config, outcome.dataset).unlink(missing_ok=True)
+
+
+def hint(message: str) -> str:
+    """What to look at for the sampler errors that come from the data rather than from batchfit."""
+    if "initialization points failed" in message:
+        return (" (the log density is not finite at any starting point: look for extreme values in "
+                "the dataset, e.g. 1e300, or for data the model's priors rule out)")
+    return ""
+
+
+def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
+    """Write a dataset's failure record atomically (read by collect into failures.csv)."""
+    record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
+              "error_type": outcome.error_type, "message": outcome.message, "traceback": outcome.traceback}
+    with atomic_path(config.failure_path(outcome.dataset)) as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+
+
+def write_manifest(config: Config, report: BatchReport) -> None:
+    """Write the batch manifest (the fit rule's declared output) atomically."""
+    data = {"batch": report.batch, "compile": report.compile,
+            "datasets": {o.dataset: dataclasses.asdict(o) for o in report.outcomes}}
+    with atomic_path(config.batch_manifest_path(report.batch)) as tmp:
+        tmp.write_text(json.dumps(data, indent=1))
+
+
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "traceback"]
+
+
+_OPTIONAL_FAILURE_COLUMNS = ("traceback",)  # not in records of batchfit 0.1.0 before issue #43
+
+
+def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
+    """Read one failure record, checking it has the fields failures.csv needs."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read failure record: {exc}", dataset=dataset_id, path=path) from exc
+    if not isinstance(record, dict):
+        raise DatasetError("failure record is not a JSON object", dataset=dataset_id, path=path)
+    missing = [key for key in FAILURE_COLUMNS if key not in record and key not in _OPTIONAL_FAILURE_COLUMNS]
+    if missing:
+        raise DatasetError(f"failure record lacks {', '.join(missing)}", dataset=dataset_id, path=path)
+    if record["dataset"] != dataset_id:
+        raise DatasetError(
+            f"failure record is for dataset '{record['dataset']}'", dataset=dataset_id, path=path
+        )
+    return {key: str(record.get(key, "")) for key in FAILURE_COLUMNS}

@@ -1,0 +1,268 @@
+"""Provenance of a fit: one digest of everything that determines it, recorded on the fit and checked.
+
+A dataset's fit is determined by the sampler and outputs settings, the content of the model file
+and of the user's own modules it imports (`batchfit.model.imports`), the dataset's data file
+content, the library versions and batchfit's own code. Their digest is stored on every fit (root
+attribute ``provenance`` of ``fits/{id}.nc``, with the parts it was computed from) and in a small
+sidecar ``fits/{id}.json``. A dataset is pending when the digest its fit recorded differs from
+the one the current config gives: content, never modification times, so touching a file refits
+nothing and a changed setting refits exactly what it affects.
+
+The compile key (recorded as ``compile_key``) is not part of the digest: it is only known after
+building the model, which the plan (run by Snakemake at every parse) must not do. The digest's
+inputs determine it, except the PyTensor flags and the CPU, which are left out on purpose: they
+are properties of the machine, and a plan made on a cluster's login node must agree with the
+digest a fit job records on a compute node.
+
+The one sweep-wide input of a dataset that is not in its own file, the coding of its text
+columns (`batchfit.data.labels.Coding.for_dataset`: a new level seen in another dataset changes the
+coordinates of every dataset with that column), is part of the digest too.
+
+Plan-time cost: data files are hashed through a cache (``{results}/data_sha256.json``) keyed by
+path, size and modification time; a file whose modification time changed is hashed again and, if
+its content is the same, gives the same digest. Fits are read through their sidecars (~0.06 ms
+each, against ~1 ms to open a NetCDF file, plus 0.25 s to import netCDF4), and only a fit whose
+sidecar is missing or does not match it (its size and modification time) is opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from batchfit import __version__
+from batchfit.common.atomic import atomic_path
+from batchfit.compile.fingerprint import LIBRARIES
+from batchfit.config import Config
+from batchfit.model.imports import user_imports
+
+# Modules that never run while a fit is produced (command line, collect, plan, simulation, SBC,
+# checks, cache upkeep, this module): editing them refits nothing. Every other module counts,
+# so a new module is covered unless it is added here.
+_NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py", "notebook.py", "pipeline.py",
+                           "project.py", "provenance.py", "sbc.py", "simulate.py", "status.py"})
+# A digest cached for a file modified less than this long before it was hashed is not trusted:
+# a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
+# of the same size right after hashing could keep the cached size and modification time.
+_RACY_SECONDS = 2.0
+DIGEST_CACHE_NAME = "data_sha256.json"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The inputs that determine one dataset's fit, and their digest."""
+
+    parts: Mapping[str, Any]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.parts, sort_keys=True).encode()).hexdigest()
+
+    def attributes(self) -> dict[str, str]:
+        """Root attributes of the fit: the digest and its parts, nested ones as JSON."""
+        readable = {key: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+                    for key, value in self.parts.items() if key != "dataset"}
+        return {"provenance": self.digest, **readable}
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's content, read in blocks (data files may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.cache
+def code_sha256() -> str:
+    """sha256 of the source of batchfit's modules that run while a fit is produced."""
+    package = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(package.glob("*.py")):
+        if path.name not in _NOT_FIT_CODE:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    """batchfit, Python and the versions of the libraries that compile and sample."""
+    return {"batchfit": __version__, "python": platform.python_version(),
+            **{name: version(name) for name in LIBRARIES}}
+
+
+def sweep_parts(config: Config, *, model_sha256: str | None = None) -> dict[str, Any]:
+    """The parts shared by every dataset of a sweep (``model_sha256``: of the model file as loaded)."""
+    return {
+        "sampler": config.sampler_dict(),
+        "outputs": dataclasses.asdict(config.outputs),
+        "model_hash": model_sha256 or file_sha256(config.model),
+        "model_imports": user_imports(config.model),
+        "versions": versions(),
+        "code_hash": code_sha256(),
+    }
+
+
+def dataset_provenance(
+    sweep: Mapping[str, Any], dataset_id: str, data_sha256: str, coding: Mapping[str, Any]
+) -> Provenance:
+    """One dataset's provenance from the sweep's parts, its data file's sha256 and its coding."""
+    return Provenance({**sweep, "dataset": dataset_id, "data_sha256": data_sha256, "coding": dict(coding)})
+
+
+def expected_provenance(config: Config, dataset_id: str, data_path: str | Path) -> Provenance:
+    """What a fit of ``dataset_id`` made now with ``config`` records (data hashed afresh)."""
+    from batchfit.data.coding import sweep_coding
+    from batchfit.data.discovery import discover_datasets
+
+    coding = sweep_coding(config, discover_datasets(config)).for_dataset(dataset_id)
+    return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), coding)
+
+
+def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bool = True) -> dict[str, str]:
+    """Every dataset's expected digest, hashing only data files that changed since the last call.
+
+    ``record`` false reads the coding and digest caches without updating them (`batchfit status`).
+    """
+    from batchfit.data.coding import sweep_coding
+
+    sweep = sweep_parts(config)
+    coding = sweep_coding(config, datasets, record=record)
+    cache = DigestCache(config.results_dir / DIGEST_CACHE_NAME)
+    digests = {d: dataset_provenance(sweep, d, cache.sha256(path), coding.for_dataset(d)).digest
+               for d, path in datasets.items()}
+    if record:
+        cache.save()
+    return digests
+
+
+class DigestCache:
+    """sha256 of data files keyed by (absolute path, size, mtime_ns), kept in a JSON file.
+
+    Written atomically, and only when it changed; concurrent plans (a cluster re-parses the
+    Snakefile in every job) at worst drop each other's new entries, which are then hashed again.
+    A damaged file is ignored.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.entries: dict[str, list] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        if not isinstance(self.entries, dict):
+            self.entries = {}
+        self.used: dict[str, list] = {}
+
+    def sha256(self, path: Path) -> str:
+        key = os.path.abspath(path)  # not resolve(): following symlinks costs a stat per component
+        stat = os.stat(key)
+        entry = self.entries.get(key)
+        if isinstance(entry, list) and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
+            self.used[key] = entry
+            return entry[2]
+        hashed_at = time.time_ns()
+        digest = file_sha256(key)
+        if os.stat(key).st_mtime_ns == stat.st_mtime_ns and hashed_at - stat.st_mtime_ns > _RACY_SECONDS * 1e9:
+            self.used[key] = [stat.st_size, stat.st_mtime_ns, digest]
+        return digest
+
+    def save(self) -> None:
+        """Keep the entries used since the cache was read, if they changed.
+
+        Not before the results directory exists (a new sweep being planned, or a dry run of it):
+        they are then kept in this process for `write_planned`.
+        """
+        if self.used == self.entries:
+            return
+        if not self.path.parent.is_dir():
+            _planned_digests[self.path] = self.used
+            return
+        _write_digests(self.path, self.used)
+
+
+def _write_digests(path: Path, digests: dict[str, list]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(digests))
+
+
+# Digest caches computed for sweeps whose results directory did not exist yet, by path.
+_planned_digests: dict[Path, dict[str, list]] = {}
+
+
+def write_planned(config: Config) -> None:
+    """Write what planning `config`'s sweep computed before its results directory existed: the data
+    files' digests and the coding registry (`batchfit.data.coding.write_planned`).
+
+    Called where a run starts (`batchfit.sweep.plan.write_plan`): otherwise the first jobs hash
+    and scan every data file again, one behind the other at the registry's lock (a warm sweep of
+    100 tiny datasets on 2 cores, its results deleted, took 9.84-9.99 s, and 9.36-9.54 s with
+    this; by hand). Not over files a process wrote since.
+    """
+    from batchfit.data.coding import write_planned as write_planned_coding
+
+    write_planned_coding(config)
+    path = config.results_dir / DIGEST_CACHE_NAME
+    digests = _planned_digests.pop(path, None)
+    if digests is not None and path.parent.is_dir() and not path.exists():
+        _write_digests(path, digests)
+
+
+def sidecar_path(config: Config, dataset_id: str) -> Path:
+    """The small JSON beside a fit that records its digest, read by the plan instead of the fit."""
+    return config.fit_path(dataset_id).with_suffix(".json")
+
+
+def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
+    """Write the sidecar of a fit just written, with the fit's size and modification time.
+
+    Written in place, not through a temporary file: a torn sidecar is never valid JSON and is
+    then ignored (the fit is read), while a temporary left by a killed job beside a complete
+    fit would never be cleaned up (the dataset is not pending, so no job owns it).
+    """
+    stat = config.fit_path(dataset_id).stat()
+    data = {"dataset": dataset_id, "provenance": provenance.digest, "fit_size": stat.st_size,
+            "fit_mtime_ns": stat.st_mtime_ns}
+    sidecar_path(config, dataset_id).write_text(json.dumps(data, indent=1))
+
+
+def fit_digest(path: str | Path) -> str | None:
+    """The digest a fit file recorded (None for a fit without one, e.g. from before batchfit recorded it)."""
+    import netCDF4
+
+    with netCDF4.Dataset(path) as nc:
+        return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
+
+
+def recorded_digest(config: Config, dataset_id: str) -> str | None:
+    """The digest of a dataset's fit: None without a fit; from the sidecar if it describes this fit file.
+
+    A fit replaced by other means than batchfit (copied, restored from a backup) no longer
+    matches its sidecar's size and modification time and is read itself.
+    """
+    fit = config.fit_path(dataset_id)
+    try:
+        stat = fit.stat()
+    except FileNotFoundError:
+        return None
+    try:
+        side = json.loads(sidecar_path(config, dataset_id).read_text())
+        if [side["fit_size"], side["fit_mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
+            return side["provenance"]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # no sidecar, or a damaged one: the fit itself says
+    try:
+        return fit_digest(fit)
+    except OSError:  # an unreadable fit is as good as none
+        return None

@@ -1,0 +1,82 @@
+"""A finished sweep's results as ArviZ and pandas objects: `open_results`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import xarray as xr
+
+from batchfit.config import Config, load_config
+from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
+
+
+@dataclass(frozen=True)
+class Results:
+    """posteriors.nc, summary.csv and failures.csv of one sweep.
+
+    `tree` is posteriors.nc opened lazily (`batchfit.outputs.combined`): hand it to ArviZ as it is
+    (``az.summary(results.tree)``, ``azp.plot_forest(results.tree, var_names=["mu"])``: every
+    dataset along the ``dataset`` dimension), or take one dataset with `dataset`. Close it with
+    `close` or a ``with`` block.
+    """
+
+    tree: xr.DataTree
+    summary: pd.DataFrame
+    failures: pd.DataFrame
+    results_dir: Path
+
+    @property
+    def dataset_ids(self) -> list[str]:
+        """The fitted datasets, in the sweep's order (failed ones are in `failures`)."""
+        return [str(d) for d in self.tree[POSTERIOR][DATASET_DIM].values]
+
+    def dataset(self, dataset_id: str) -> xr.DataTree:
+        """One dataset's posterior as a DataTree ArviZ takes, without the padding of the stacked file.
+
+        Its ``posterior`` equals that of ``fits/{id}.nc`` (the variables `summary.var_names`
+        selects); its attributes are the fit's.
+        """
+        if dataset_id not in self.dataset_ids:
+            raise KeyError(f"dataset {dataset_id!r} has no posterior in {self.results_dir / 'posteriors.nc'} "
+                           f"(failed: {dataset_id in set(self.failures['dataset'])})")
+        info = self.tree[DATASETS].to_dataset()
+        posterior = dataset_posterior(self.tree[POSTERIOR].to_dataset(), info, dataset_id)
+        row = info.sel({DATASET_DIM: dataset_id})
+        attrs = {str(k): str(v.values) for k, v in row.data_vars.items() if v.dtype.kind in "OUS"}
+        tree = xr.DataTree.from_dict({POSTERIOR: posterior}, name=dataset_id)
+        tree.attrs = attrs
+        return tree
+
+    def close(self) -> None:
+        self.tree.close()
+
+    def __enter__(self) -> Results:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_results(config_or_path: Config | str | Path) -> Results:
+    """Open a sweep's results: a `Config`, a config file, or a results directory.
+
+    posteriors.nc is opened lazily (its draws are read when used); summary.csv and failures.csv
+    are read into DataFrames (missing values as NaN, text as written).
+    """
+    if isinstance(config_or_path, Config):
+        results_dir = config_or_path.results_dir
+    elif Path(config_or_path).is_dir():
+        results_dir = Path(config_or_path)
+    else:
+        results_dir = load_config(config_or_path).results_dir
+    missing = [name for name in ("posteriors.nc", "summary.csv", "failures.csv") if not (results_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{results_dir} has no {', '.join(missing)}: run collect first "
+                                "(snakemake, or batchfit collect --config ...)")
+    read = {"keep_default_na": False, "na_values": [""]}
+    return Results(tree=xr.open_datatree(results_dir / "posteriors.nc"),
+                   summary=pd.read_csv(results_dir / "summary.csv", **read),
+                   failures=pd.read_csv(results_dir / "failures.csv", **read),
+                   results_dir=results_dir)

@@ -1,0 +1,320 @@
+"""Each fit's rows of summary.csv: ArviZ's statistics of its variables and its health, cached per fit content.
+
+A fit's summary (reading it and ArviZ's diagnostics) depends on that fit alone, so it is cached
+in ``summaries/{id}.json`` under the fit file's sha256 and everything the summary depends on
+(`summary_key`); adding datasets to a finished sweep summarises only those (`SummaryCache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+import shutil
+import zipfile
+from collections.abc import Mapping, Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from arviz_base import rcParams
+
+from batchfit.common.atomic import atomic_path
+from batchfit.config import SummarySettings
+from batchfit.errors import ConfigError, DatasetError
+from batchfit.fitting.provenance import file_sha256
+from batchfit.model.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars, stack_elements
+from batchfit.outputs import diagnostics, intervals
+from batchfit.outputs.combined import (
+    fit_layout,
+    plain_attrs,
+)
+from batchfit.outputs.fit_reader import read_fit
+from batchfit.outputs.health import HEALTH_COLUMNS, HealthThresholds, score_health
+from batchfit.outputs.summary_helpers import SummaryHelpers, helpers_for, started
+
+log = logging.getLogger("batchfit")
+
+
+STAGED = "staged"  # in the summary cache directory: new fits' draws between collect's passes (SummaryCache._stage)
+
+
+# Draws staged per fit at most: what staging saves is a file open's fixed cost, which matters for
+# small posteriors; a large one would take as long to stage as to read again, and its disk space twice.
+STAGE_MAX_BYTES = 2**20
+
+
+# summary.csv columns around the statistics (`stat_columns`, named and ordered as arviz_stats.summary's)
+ROW_COLUMNS = ["dataset", "parameter"]
+
+
+class SummaryCache:
+    """Each fit's summary table, divergences, selected variables, layout and attributes, cached as JSON.
+
+    An entry is valid for exactly one fit file content and one `summary_key`; anything else is
+    recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
+    """
+
+    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds):
+        self.directory, self.summary, self.thresholds = directory, summary, thresholds
+        self.settings_key = summary_key(summary, thresholds)
+        self.summarised: list[str] = []
+
+    @property
+    def settings(self) -> tuple[Path, SummarySettings, HealthThresholds]:
+        """What `SummaryCache` is built from: a helper process builds its own from them."""
+        return self.directory, self.summary, self.thresholds
+
+    def entry(self, dataset_id: str, fit: str | Path) -> dict[str, Any]:
+        """The fit's valid entry, computed and written if there is none."""
+        fit_sha256, key, entry = self._cached(dataset_id, fit)
+        if entry is not None:
+            return entry
+        entry, draws = self._compute(dataset_id, fit)
+        entry |= {"key": key, "fit_sha256": fit_sha256}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._stage(key, [draws[name] for name in entry["summarised"]])
+        with atomic_path(self.directory / f"{dataset_id}.json") as tmp:
+            tmp.write_text(json.dumps(entry))
+        self.summarised.append(dataset_id)
+        return entry
+
+    def _stage(self, key: str, arrays: list[np.ndarray]) -> None:
+        """Keep the summarised variables' draws for `staged_draws`, by the entry's key (fit content and settings).
+
+        posteriors.nc is written after every entry is known (its layout is their union), so
+        without this each new fit is read twice; reading a fit again costs ~16 ms for a tiny
+        one, mostly netCDF-C opening the file (it reads the metadata of every variable in every
+        group), against ~1 ms to save and load these arrays (up to `STAGE_MAX_BYTES`).
+        """
+        if sum(a.nbytes for a in arrays) > STAGE_MAX_BYTES:
+            return
+        path = self.directory / STAGED / f"{key}.npz"
+        path.parent.mkdir(exist_ok=True)
+        try:
+            with atomic_path(path) as tmp, open(tmp, "wb") as out:
+                np.savez(out, *arrays, allow_pickle=False)  # arr_0, arr_1, ...: no variable name can clash
+        except ValueError:  # object arrays, which only pickle could keep: the fit is read again instead
+            pass
+
+    def staged_draws(self, entry: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """The draws `entry`'s computation staged (summarised variable -> array), taken off the stage; None
+        if there are none (the entry came from the cache) or they cannot be read (the fit is read instead)."""
+        path = self.directory / STAGED / f"{entry['key']}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as staged:
+                return {name: staged[f"arr_{j}"] for j, name in enumerate(entry["summarised"])}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            return None
+        finally:
+            path.unlink(missing_ok=True)
+
+    def clear_stage(self) -> None:
+        """Remove draws no posteriors.nc took (a collect stopped between its passes)."""
+        shutil.rmtree(self.directory / STAGED, ignore_errors=True)
+
+    def _cached(self, dataset_id: str, fit: str | Path) -> tuple[str, str, dict[str, Any] | None]:
+        """The fit's sha256, its entry key, and its entry if one with that key is cached."""
+        try:
+            fit_sha256 = file_sha256(fit)
+        except OSError as exc:
+            raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=fit) from exc
+        key = hashlib.sha256(f"{self.settings_key}:{fit_sha256}".encode()).hexdigest()
+        try:
+            entry = json.loads((self.directory / f"{dataset_id}.json").read_text())
+            if entry.get("key") == key:
+                return fit_sha256, key, entry
+        except (OSError, ValueError):
+            pass
+        return fit_sha256, key, None
+
+    def fill(self, fits: Sequence[tuple[str, str | Path]], workers: int | SummaryHelpers) -> None:
+        """Summarise the (dataset id, fit) pairs without a valid entry, shared out between this process
+        and helper processes (`batchfit.outputs.summary_helpers`) when there are many.
+
+        ``workers``: processes at once (helpers are then started here), or helpers already
+        started. A fit that could not be summarised is left for `entry`, which summarises it
+        again in the sweep's order and raises its error there.
+        """
+        missing = [(d, fit) for d, fit in fits if self._needs_summary(d, fit)]
+        if isinstance(workers, SummaryHelpers):
+            self._share(missing, workers)
+            return
+        with started(helpers_for(workers, len(missing))) as helpers:
+            self._share(missing, helpers)
+
+    def _share(self, missing: Sequence[tuple[str, str | Path]], helpers: SummaryHelpers) -> None:
+        self.summarised += helpers.summarise(self.settings, missing, self._summarise_here)  # this process's: by `entry`
+
+    def _summarise_here(self, fits: Sequence[tuple[str, str | Path]]) -> None:
+        """This process's share of `fill`."""
+        for dataset_id, fit in fits:
+            with contextlib.suppress(Exception):  # `entry` tries again and reports it in the sweep's order
+                self.entry(dataset_id, fit)
+
+    def _needs_summary(self, dataset_id: str, fit: str | Path) -> bool:
+        try:
+            return self._cached(dataset_id, fit)[2] is None
+        except DatasetError:  # an unreadable fit: `entry` reports it, in the sweep's order
+            return False
+
+    def load(self, dataset_id: str) -> dict[str, Any]:
+        """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""
+        return json.loads((self.directory / f"{dataset_id}.json").read_text())
+
+    def _compute(self, dataset_id: str, path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The fit's entry (without key and digest) and the draws of its summarised variables."""
+        posterior, divergences = read_fit(dataset_id, path)
+        summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
+        scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
+        table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
+        columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
+        entry = {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+                 "table": columns, "layout": fit_layout(posterior[summarised]),
+                 "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
+        return entry, {name: posterior[name].values for name in summarised}
+
+
+def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
+    """Digest of what a cached summary depends on besides the fit: settings, ArviZ's defaults and versions, this code.
+
+    The health thresholds are not in it (health is scored from the cached table at every
+    collect), the variables they select are.
+    """
+    parts = {
+        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, summary.interval_prob],
+        "health": [thresholds.var_names, thresholds.filter_vars],
+        "ess_tail_prob": rcParams["stats.ci_prob"],
+        "versions": {name: version(name) for name in ("arviz-stats", "arviz-base", "numpy", "xarray")},
+        "code": _code_sha256(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.cache
+def _code_sha256() -> str:
+    """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
+    here = Path(__file__).parent
+    sources = ("collect.py", "combined.py", "diagnostics.py", "intervals.py", "variables.py")
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
+
+
+def summary_columns(summary: SummarySettings) -> list[str]:
+    """summary.csv's columns; the interval's are named as ArviZ names them (``hdi89_lb``, ``hdi89_ub``)."""
+    return [*ROW_COLUMNS, *stat_columns(summary), *HEALTH_COLUMNS]
+
+
+def stat_columns(summary: SummarySettings) -> list[str]:
+    """The statistics of `summarise_posterior`, in the order of ``arviz_stats.summary(kind="all")``."""
+    prefix = f"{summary.ci_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
+    return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub", "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
+
+
+def summarise_posterior(
+    posterior: xr.Dataset, dataset_id: str, path: str | Path, summary: SummarySettings | None = None,
+    names: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """ArviZ's summary of every element of the variables `names` (default all), indexed by label (``a[store_3]``).
+
+    Columns: `stat_columns` (unrounded, as ``arviz_stats.summary(kind="all")`` computes them with
+    ``ci_kind``/``ci_prob`` from `summary`; ess_tail at ArviZ's ``stats.ci_prob``, as there), and
+    ``variable``, the variable each row belongs to. All elements are stacked and summarised
+    in one vectorised pass: the interval by `batchfit.outputs.intervals`, the diagnostics by
+    `batchfit.outputs.diagnostics` (arviz_stats' definitions, without its loop over elements).
+    """
+    summary = summary or SummarySettings()
+    wanted = set(posterior.data_vars if names is None else names)
+    names = [name for name in posterior.data_vars if name in wanted]
+    if not names:
+        return pd.DataFrame(columns=[*stat_columns(summary), "variable"], dtype=float)
+    try:
+        labels, owners, draws = stack_elements(posterior[names])
+        flat = draws.reshape(draws.shape[0], -1)
+        interval = intervals.of_kind(summary.ci_kind)
+        with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
+            bounds = interval(flat, summary.interval_prob)
+            values = [
+                flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
+                diagnostics.ess_bulk(draws), diagnostics.ess_tail(draws, rcParams["stats.ci_prob"]),
+                diagnostics.rhat(draws), diagnostics.mcse_mean(draws), diagnostics.mcse_sd(draws),
+            ]
+        table = pd.DataFrame(dict(zip(stat_columns(summary), values, strict=True)), index=labels)
+    except Exception as exc:
+        raise DatasetError(f"cannot summarise the posterior: {exc}", dataset=dataset_id, path=path) from exc
+    table["variable"] = owners
+    return table
+
+
+def _selected(
+    posterior: xr.Dataset, settings: HealthThresholds | SummarySettings, key: str, dataset_id: str,
+    path: str | Path,
+) -> list[str]:
+    """The variables of a fit that the `summary` or `health` settings select.
+
+    Default (no `var_names`): for `summary` all but observation-sized deterministics, for
+    `health` the free parameters, by the role each fit records (a variable without one, from a
+    fit not written by batchfit, counts as a free parameter).
+    """
+    if settings.var_names is None:
+        roles = {name: var.attrs.get(ROLE_ATTR, FREE) for name, var in posterior.data_vars.items()}
+        if key == "health":
+            return [name for name, role in roles.items() if role == FREE]
+        return [name for name, role in roles.items() if role != OBSERVATION_SIZED]
+    try:
+        return select_vars([str(name) for name in posterior.data_vars], settings.var_names, settings.filter_vars)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}, in the fit of dataset '{dataset_id}' ({path})", key=f"{key}.var_names") from None
+
+
+def _summary_rows(
+    dataset_id: str, entry: Mapping[str, Any], health: dict[str, Any], columns: list[str]
+) -> list[list[str]]:
+    """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took.
+
+    A row per summarised element; a fit with none (``outputs.var_names`` kept only
+    observation-sized deterministics) gets one row with an empty parameter, as a failed dataset
+    does: every dataset of the sweep has its health in summary.csv.
+    """
+    table, attrs = entry["table"], entry["attrs"]
+    per_dataset = {
+        "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
+        "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
+        "sampler_path": str(attrs.get("sampler_path", "")), "fallback": str(attrs.get("fallback", "")),
+    }
+    wanted = set(entry["summarised"])
+    rows = [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
+            for i, variable in enumerate(table["variable"]) if variable in wanted]
+    return rows or [[_cell(per_dataset.get(c, "")) for c in columns]]
+
+
+def _failure_row(record: dict[str, str], columns: list[str]) -> list[str]:
+    """The single summary.csv row for a failed dataset."""
+    row = {"dataset": record["dataset"], "status": "failed", "message": record["message"]}
+    return [row.get(c, "") for c in columns]
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell as pandas writes it: floats as their shortest repr, NaN as an empty cell."""
+    if isinstance(value, float | np.floating):
+        return "" if math.isnan(value) else repr(float(value))
+    return str(value)
+
+
+def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
+    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons.
+
+    `status` is "warning" if any threshold is crossed, else "ok"; `reasons` says which, in
+    words, for log lines. NaN diagnostics (e.g. a constant variable) are ignored.
+    """
+    fit_path = Path(fit_path)
+    dataset_id = fit_path.stem
+    posterior, divergences = read_fit(dataset_id, fit_path)
+    scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
+    table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
+    return score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences, thresholds)

@@ -1,0 +1,34 @@
+"""A collect helper process: ``python -m batchfit.outputs.summary_worker`` (`batchfit.outputs.summary_helpers`).
+
+It reads its share of the new fits (pickled) on stdin, writes each one's summary cache entry and
+staged draws (`batchfit.outputs.summaries.SummaryCache`), and prints each dataset id it wrote.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+
+def main() -> None:
+    """A helper: summarise the fits of the pickled spec on stdin, printing each id whose entry it wrote."""
+    from batchfit.outputs.summaries import SummaryCache
+
+    spec = sys.stdin.buffer.read()
+    if not spec:  # collect died before giving it work
+        return
+    directory, summary, thresholds, fits = pickle.loads(spec)
+    cache = SummaryCache(directory, summary, thresholds)
+    for dataset_id, fit in fits:
+        try:
+            cache.entry(dataset_id, fit)
+        except Exception:  # noqa: BLE001 - collect summarises it again and reports the error in the sweep's order
+            continue
+        print(dataset_id, flush=True)
+
+
+if __name__ == "__main__":
+    from batchfit.common.quick_exit import quick_exit
+
+    main()
+    quick_exit()  # the work is done, its files closed: no interpreter teardown

@@ -1,0 +1,267 @@
+"""``batchfit check``: everything the fit stage would run into, found before any sampling.
+
+It loads every dataset and builds its model (cheap Python), as the fit stage does, and reports
+
+* every dataset problem (file, column, row and value) and every model-contract problem;
+* every dataset whose values are baked into its model as constants (all at once, each with its
+  variable and a fix): it is fitted, but by a compile of its own;
+* the structure buckets: which datasets build which model structure, and for datasets that
+  differ from the reference, the variables and the constants that differ (a value computed
+  from the data and baked in, such as ``np.log(y.mean())`` in a prior, shows up here);
+* the path each structure will take: batchfit's cached callbacks, nutpie's own compile
+  (with the reason: an op numba runs in object mode or cannot cache, a shared variable that is
+  not ``pm.Data``, ...), found by building and compiling each structure's graphs as the
+  compile stage does, or ``pm.sample``'s own step methods (discrete free variables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchfit.cache.store import open_cache
+from batchfit.compile.fingerprint import graph_fingerprint, structure_of
+from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
+from batchfit.compile.nopython import fallbacks_in_function
+from batchfit.compile.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
+from batchfit.config import Config
+from batchfit.data.coding import sweep_coding
+from batchfit.data.dataset import coerce_for_model, load_dataset
+from batchfit.data.discovery import discover_datasets
+from batchfit.errors import BatchfitError, CachedPathUnsupported, DatasetError, one_line
+from batchfit.fitting.fitter import kept_variables, reference_model
+from batchfit.model.model_file import baked_values, build_model, load_model_file, requirements
+from batchfit.model.variables import variable_roles
+
+_PATHS = {CACHED: "batchfit cached callbacks", NUTPIE: "nutpie's own compile (slower)",
+          PYMC: "pm.sample's own step methods (much slower)"}
+
+
+@dataclass
+class Bucket:
+    """Datasets that build one model structure, and the path that structure takes."""
+
+    id: str
+    datasets: list[str] = field(default_factory=list)
+    path: str = CACHED
+    reasons: list[str] = field(default_factory=list)  # why a slower path, one per finding
+    differences: list[str] = field(default_factory=list)  # how it differs from the reference's
+
+    def lines(self) -> list[str]:
+        head = (f"structure {self.id[:12]}: {len(self.datasets)} dataset(s) ({_ids(self.datasets)}), "
+                f"{_PATHS[self.path]}")
+        return [head, *(f"    differs: {d}" for d in self.differences),
+                *(f"    not fully compiled: {r}" for r in self.reasons)]
+
+
+@dataclass
+class CheckReport:
+    """What ``check_model`` found."""
+
+    reference: str
+    dataset_problems: dict[str, str] = field(default_factory=dict)
+    own_compiles: dict[str, str] = field(default_factory=dict)  # datasets with values baked in: what and the fix
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
+
+    @property
+    def ok(self) -> bool:
+        """No dataset would fail and every dataset takes batchfit's fast path."""
+        return (not self.dataset_problems and not self.own_compiles and not self.problems
+                and all(b.path == CACHED for b in self.buckets.values()))
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Every reason a structure takes a slower path (nutpie's own compile, or pm.sample's)."""
+        return [reason for bucket in self.buckets.values() for reason in bucket.reasons]
+
+    def lines(self) -> list[str]:
+        """Human-readable findings, one per line."""
+        out = [f"reference dataset: {self.reference}"]
+        out += [f"  {problem}" for problem in self.dataset_problems.values()]
+        out += [f"  {baked}; it is fitted by nutpie's own compile for it alone (slower)"
+                for baked in self.own_compiles.values()]
+        for bucket in self.buckets.values():
+            out += [f"  {line}" for line in bucket.lines()]
+        out += [f"  {problem}" for problem in self.problems]
+        slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
+        out.append("check: ok" if self.ok else
+                   f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.problems)} sweep problem(s), "
+                   f"{slow} structure(s) on a slower path, {len(self.own_compiles)} dataset(s) with a "
+                   "compile of their own")
+        return out
+
+
+def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
+    """Load and build every dataset (or only the reference), bucket the structures, find each one's path."""
+
+    # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
+    open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
+    unusable: dict[str, DatasetError] = {}
+    paths = discover_datasets(config, problems=unusable if datasets else None)
+    try:
+        ref = reference_model(config, paths)
+    except BatchfitError:  # no dataset builds: say why for each of them
+        return _unbuildable(config, paths, unusable)
+    report = CheckReport(ref.dataset.id)
+    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
+    try:
+        kept_variables(config, variable_roles(ref.model))
+    except BatchfitError as exc:
+        report.problems.append(str(exc))
+    module = load_model_file(config.model)
+    representatives: dict[str, Any] = {}
+    for dataset_id, path in (paths.items() if datasets else [(ref.dataset.id, ref.dataset.path)]):
+        try:
+            dataset = load_dataset(dataset_id, path, ref.coding)
+            dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
+                                                           **coerce_for_model(dataset, ref.requirements)})
+            model = build_model(module, dataset)
+        except BatchfitError as exc:
+            report.dataset_problems[dataset_id] = str(exc)
+            continue
+        baked = baked_values(model, dataset)
+        if baked:
+            report.own_compiles[dataset_id] = baked
+            continue
+        structure = structure_of(model)
+        if structure not in report.buckets:
+            report.buckets[structure] = Bucket(structure)
+            representatives[structure] = model
+        report.buckets[structure].datasets.append(dataset_id)
+    reference_structure = structure_of(ref.model)
+    for structure, bucket in report.buckets.items():
+        if structure != reference_structure:
+            bucket.differences = structure_differences(ref.model, representatives[structure])
+        needs_pymc = pymc_path_reason(representatives[structure])
+        if needs_pymc:
+            bucket.path, bucket.reasons = PYMC, [needs_pymc]
+            continue
+        bucket.reasons = fast_path_problems(representatives[structure])
+        bucket.path = NUTPIE if bucket.reasons else CACHED
+    if len(report.buckets) > config.max_structures:
+        report.problems.append(
+            f"the datasets build {len(report.buckets)} model structures, more than max_structures: "
+            f"{config.max_structures}; the fit stage fails the datasets past it. A structure changes with "
+            "the data when build_model takes a size from the data as a Python int or bakes a value computed "
+            "from the data into the model (see 'differs' above): use dims= and pm.Data instead.")
+    return report
+
+
+def _unbuildable(config: Config, paths: dict[str, Any], unusable: dict[str, DatasetError]) -> CheckReport:
+    """The report when no dataset can be built into a model: each dataset's own reason."""
+
+    report = CheckReport("(none: no dataset builds a model)")
+    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
+    module, coding = load_model_file(config.model), sweep_coding(config, paths)
+    for dataset_id, path in paths.items():
+        try:
+            build_model(module, load_dataset(dataset_id, path, coding))
+        except BatchfitError as exc:
+            report.dataset_problems[dataset_id] = str(exc)
+    return report
+
+
+def fast_path_problems(model: Any) -> list[str]:
+    """Why batchfit's cached callbacks cannot take ``model`` (empty if they can).
+
+    Builds and compiles the structure's graphs in this process, as the compile stage does: an
+    op left in numba's object mode or one that cannot be disk-cached, or a graph batchfit
+    cannot turn into callbacks (a shared variable that is not ``pm.Data``).
+    """
+
+    try:
+        graphs = SamplerGraphs.of(model)
+        _, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+    except CachedPathUnsupported as exc:
+        return [one_line(exc)]
+    names = list(model.named_vars)
+    found = [str(f) for fn in (logp_fn, expand_fn) for f in fallbacks_in_function(fn, variable_names=names)]
+    return list(dict.fromkeys(found))
+
+
+def structure_differences(reference: Any, model: Any) -> list[str]:
+    """How ``model``'s structure differs from the reference's: variables, data types, constants."""
+
+    out = []
+    ref_reqs, reqs = requirements(reference), requirements(model)
+    for name in sorted(set(ref_reqs) | set(reqs)):
+        if ref_reqs.get(name) != reqs.get(name):
+            out.append(f"pm.Data '{name}': {_req(reqs.get(name))} here, {_req(ref_reqs.get(name))} in the reference")
+    ref_vars, variables = _named_outputs(reference), _named_outputs(model)
+    for name in sorted(set(ref_vars) ^ set(variables)):
+        out.append(f"variable '{name}' exists only {'here' if name in variables else 'in the reference'}")
+    for name in sorted(set(ref_vars) & set(variables)):
+        if graph_fingerprint([ref_vars[name]]) != graph_fingerprint([variables[name]]):
+            constants = _differing_constants(ref_vars[name], variables[name])
+            out.append(f"variable '{name}': " + (", ".join(constants) if constants else "its graph differs"))
+    return out or ["the dispatched log density (e.g. a pm.CustomDist logp closing over a value from the data)"]
+
+
+def _named_outputs(model: Any) -> dict[str, Any]:
+    outputs = {v.name: v for v in [*model.free_RVs, *model.observed_RVs, *model.deterministics, *model.potentials]}
+    outputs.update({f"{rv.name} (observed value)": model.rvs_to_values[rv] for rv in model.observed_RVs})
+    return outputs
+
+
+def _differing_constants(a: Any, b: Any) -> list[str]:
+    """Constants at the same place in two graphs of one shape that hold different values."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+
+    consts_a = [v for v in graph_inputs([a]) if isinstance(v, Constant)]
+    consts_b = [v for v in graph_inputs([b]) if isinstance(v, Constant)]
+    if len(consts_a) != len(consts_b):
+        return []
+    found = []
+    for x, y in zip(consts_a, consts_b, strict=True):
+        vx, vy = np.asarray(x.data), np.asarray(y.data)
+        if vx.shape != vy.shape or _unequal(vx, vy).any():
+            found.append(f"a constant is {_contrast(vy, vx)} "
+                         "(a value computed from the data: pass it through pm.Data, or a size: use dims=)")
+    return found
+
+
+# Arrays up to this many entries are shown whole in a structure difference.
+_SHOWN_ENTRIES = 8
+
+
+def _contrast(here: np.ndarray, reference: np.ndarray) -> str:
+    """``"<here> here but <reference> in the reference"`` for two constants that differ, naming what
+    differs: the shapes when they differ, else the values (whole for a short array, else the first
+    differing entry), so that two arrays of one shape never read alike."""
+    if here.shape != reference.shape:
+        return f"{_short(here)} here but {_short(reference)} in the reference"
+    if here.size <= _SHOWN_ENTRIES:
+        return f"{_values(here)} here but {_values(reference)} in the reference"
+    differing = np.argwhere(_unequal(here, reference))
+    index = tuple(int(i) for i in differing[0])
+    return (f"an array of shape {here.shape} holding {here[index].item()!r} at {list(index)} here but "
+            f"{reference[index].item()!r} in the reference ({len(differing)} of its {here.size} entries differ)")
+
+
+def _short(value: np.ndarray) -> str:
+    return repr(value.item()) if value.ndim == 0 else f"an array of shape {value.shape}"
+
+
+def _values(value: np.ndarray) -> str:
+    return repr(value.item()) if value.ndim == 0 else np.array2string(value, separator=", ")
+
+
+def _unequal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Entries that differ (two NaNs are alike)."""
+    differ = a != b
+    if np.issubdtype(a.dtype, np.inexact) and np.issubdtype(b.dtype, np.inexact):
+        differ &= ~(np.isnan(a) & np.isnan(b))
+    return differ
+
+
+def _req(req: Any) -> str:
+    return "absent" if req is None else f"rank {req.ndim}, {req.dtype}"
+
+
+def _ids(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (f", ... ({len(ids) - 5} more)" if len(ids) > 5 else "")

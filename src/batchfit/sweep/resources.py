@@ -1,0 +1,63 @@
+"""A fit job's threads, memory and time, from the sweep and what the compile stage measured."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from batchfit.config import Config
+from batchfit.fitting.lanes import lane_count
+
+log = logging.getLogger("batchfit")
+
+
+# A fit job's resources: what the compile stage measured (`measure_fit`), scaled to the sweep's
+# sampler and the batch, with margins: sampling time varies between datasets far more than memory.
+# Before any measurement (a compile stamp written by an older batchfit) the defaults apply.
+_JOB_START_SECONDS = 120  # imports and cache load (~3 s locally, far more on a busy shared filesystem)
+
+
+_TIME_MARGIN = 3.0
+
+
+_MEMORY_MARGIN = 1.5
+
+
+_UNMEASURED = {"seconds": 60.0, "peak_rss_mb": 2000, "draws": 2000, "chains": 4}
+
+
+def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attempt: int = 1,
+                  threads: int = 1) -> dict[str, int]:
+    """``mem_mb`` and ``runtime`` (minutes) for a fit job of ``n_datasets`` on ``threads``; both grow with ``attempt``.
+
+    A job killed for memory or time is retried by Snakemake with ``attempt`` + 1: it then asks
+    for twice (three times, ...) as much, and fits only the datasets the killed attempt left. A
+    job with several lanes (`batchfit.fitting.lanes`) needs a process's memory per lane and fits that
+    many datasets at once.
+    """
+    try:
+        measured = json.loads(Path(stamp_path).read_text()).get("reference_fit") or _UNMEASURED
+    except (OSError, ValueError):
+        measured = _UNMEASURED
+    s = config.sampler
+    work = ((s.draws + s.tune) * s.chains) / max(1, measured["draws"] * measured["chains"])
+    lanes = lane_count(threads, s.chains, n_datasets)
+    seconds = _JOB_START_SECONDS + math.ceil(n_datasets / lanes) * measured["seconds"] * work * _TIME_MARGIN
+    return {"mem_mb": math.ceil(measured["peak_rss_mb"] * _MEMORY_MARGIN) * lanes * attempt,
+            "runtime": math.ceil(seconds / 60) * attempt}
+
+
+def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
+    """Threads per fit job: all cores for one batch; otherwise split cores across parallel jobs.
+
+    A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
+    it is better hidden by running jobs side by side than by giving one job every core. A job
+    with more threads than chains samples several datasets at once (`batchfit.fitting.lanes`).
+    ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
+    """
+    if cores is None:
+        return config.sampler.chains
+    parallel_jobs = max(1, min(n_batches, cores))
+    return max(1, cores // parallel_jobs)

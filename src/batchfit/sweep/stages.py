@@ -1,0 +1,147 @@
+"""The sweep's stages as plain functions: plan, compile, fit, collect, status.
+
+The Snakemake rules (``scripts/*.py``) and the ``batchfit`` command line both call these, so a
+sweep behaves the same with or without Snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from batchfit.cache.store import open_cache
+from batchfit.common.standby import Standby
+from batchfit.compile.workers import compile_workers, worker_environment
+from batchfit.config import Config
+from batchfit.data.discovery import discover_datasets
+from batchfit.errors import is_expected, one_line
+from batchfit.fitting.batch import after_sampling, fit_batch
+from batchfit.fitting.fitter import Fitter, prepare
+from batchfit.fitting.provenance import expected_digests, recorded_digest
+from batchfit.outputs import summary_helpers
+from batchfit.outputs.collect import collect, stale_fits_error
+from batchfit.sweep.plan import batch_id, plan
+from batchfit.sweep.sbc.ranks import SBCResult, rank_simulations
+from batchfit.sweep.sbc.simulate import simulate
+from batchfit.sweep.sbc.sweep import sbc_config
+
+log = logging.getLogger("batchfit")
+
+
+def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]:
+    """Fill the cache ahead of the fit jobs with the reference dataset's structure.
+
+    A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
+    own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
+    ``workers``: the processes compiling at once (two halves of the entry; more add nothing),
+    or the `compile_workers` the caller started before its own imports (the rule script does).
+    """
+
+    # Opening the cache sets the environment the compile workers import numba and PyTensor
+    # under (PyTensor's and numba's cache directories; the CPU target was set with the config).
+    open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
+    with contextlib.ExitStack() as stack:
+        standby = workers if isinstance(workers, Standby) else stack.enter_context(compile_workers(workers))
+        standby.announce(worker_environment())  # the early worker waits for it to import numba
+
+        cache, _, ref = prepare(config)
+        fitter = Fitter(config, ref, cache, compile_workers=standby)
+    structure = fitter.reference
+    return {"key": structure.key, "structure": structure.id, "path": structure.path,
+            "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
+            "reference_fit": measure_fit(config, fitter)}
+
+
+def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
+    """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
+
+    ``fitter`` holds the reference structure, just compiled. One thread and the compiling
+    process's memory: both err on the large side for a fit job. None when the fit fails: that
+    dataset's own fit job records the failure, and the jobs get default resources.
+    """
+
+
+    ref = fitter.ref.dataset
+    start = time.perf_counter()
+    try:
+        fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
+                      provenance=fitter.provenance(ref.id, ref.path))
+    except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
+        after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
+        log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
+                "measuring a fit of %s failed (%s); fit jobs get default resources", ref.id, one_line(exc),
+                exc_info=None if is_expected(exc) else exc)
+        return None
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    s = config.sampler
+    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune, "chains": s.chains}
+
+
+def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:
+    """Fit the given datasets (default: every pending one) batch by batch; return the failure count."""
+
+    batches = ({batch_id(list(dataset_ids)): list(dataset_ids)} if dataset_ids is not None
+               else plan(config).batches)
+    failed = 0
+    for name, ids in batches.items():
+        failed += fit_batch(config, ids, batch_id=name, threads=threads).n_failed
+    return failed
+
+
+def run_collect(config: Config, *, workers: int = 1) -> Any:
+    """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv.
+
+    Every fit must have the provenance the current config gives (see `collect`): a sweep never
+    mixes fits made with other settings, models or data. ``workers``: processes that summarise
+    new fits at once.
+    """
+
+    datasets = discover_datasets(config)
+    # The helpers start now, so that their start-up (collect's imports) overlaps this process's
+    # own, and the digests' computing: ready when collect knows which fits are new.
+    with summary_helpers.started(summary_helpers.helpers_for(workers, len(datasets))) as helpers:
+
+        # Only the ids and digests outlive these lines: collect's peak memory at 10,000 datasets
+        # held each dataset's Path (~7 MB) and recorded digest (~2 MB) to the end.
+        expected = expected_digests(config, datasets)
+        dataset_ids = list(datasets)
+        del datasets
+        # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
+        # say so before collect reads and summarises each fit only to refuse it (190 s at 10,000
+        # datasets). collect still checks the digest each fit itself recorded.
+        stale, n_fits = [], 0
+        for d in dataset_ids:
+            recorded = recorded_digest(config, d)
+            n_fits += recorded is not None
+            if recorded is not None and recorded != expected[d]:
+                stale.append(d)
+        if stale:
+            raise stale_fits_error(stale, n_fits, config.fit_path)
+        return collect(config, dataset_ids, expected_provenance=expected, workers=helpers)
+
+
+def failure_line(config: Config) -> str | None:
+    """One line counting failed datasets, or None when every dataset was fitted."""
+    failures = sorted(p.stem for p in (config.results_dir / "failures").glob("*.json"))
+    failures = [f for f in failures if f in discover_datasets(config)]
+    if not failures:
+        return None
+    return (f"batchfit: {len(failures)} dataset(s) failed ({', '.join(failures[:5])}"
+            f"{', ...' if len(failures) > 5 else ''}); see {config.failures_csv_path}")
+
+
+def run_sbc(config: Config, *, threads: int = 1) -> SBCResult:
+    """Simulate what is missing, fit what is pending (one compile, cached), rank and test."""
+
+    log.info(simulate(config).one_line())
+    sweep = sbc_config(config)
+    run_compile(sweep, workers=threads)
+    failed = run_fit(sweep, threads=threads)
+    if failed:
+        log.warning("sbc: %d simulated fit(s) failed in this run", failed)
+    return rank_simulations(config)

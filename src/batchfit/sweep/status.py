@@ -1,0 +1,214 @@
+"""``batchfit status``: where a sweep stands, read from its files only.
+
+Safe while a sweep runs, also from a cluster's login node: it reads the fits' provenance
+sidecars, the failure records, the batch manifests and the fit logs, and writes nothing (the
+coding and data-digest caches the plan keeps are read, not updated).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchfit.config import Config
+from batchfit.data.discovery import discover_datasets
+from batchfit.errors import DatasetError
+from batchfit.fitting.provenance import expected_digests, recorded_digest, sidecar_path
+
+FITTED, FAILED, PENDING = "fitted", "failed", "pending"
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    """Every dataset's state (fitted, failed or pending) and an estimate of the fitting left."""
+
+    states: dict[str, str]
+    estimate: str
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)  # fitted off the cached path: why -> ids
+
+    def ids(self, state: str) -> list[str]:
+        return [d for d, s in self.states.items() if s == state]
+
+    def lines(self) -> list[str]:
+        counts = {state: len(self.ids(state)) for state in (FITTED, PENDING, FAILED)}
+        lines = [f"{len(self.states)} dataset(s): " + ", ".join(f"{n} {state}" for state, n in counts.items())]
+        for state in (FAILED, PENDING):
+            ids = self.ids(state)
+            if ids:
+                lines.append(f"{state}: {_ids(ids)}")
+        if self.fallbacks:
+            lines.append(f"fitted off batchfit's cached path: {sum(map(len, self.fallbacks.values()))} dataset(s)")
+            lines += [f"  {len(ids)} because {why}: {_ids(ids)}" for why, ids in self.fallbacks.items()]
+        return [*lines, f"time left: {self.estimate}"]
+
+
+def _ids(ids: list[str]) -> str:
+    return f"{', '.join(ids[:10])}{', ...' if len(ids) > 10 else ''}"
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """One dataset's state, what it means (health, failure message or why it is pending), its log lines."""
+
+    dataset: str
+    state: str
+    detail: str
+    log: list[tuple[Path, str]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        lines = [f"{self.dataset}: {self.state} ({self.detail})"]
+        if not self.log:
+            return [*lines, "no fit log mentions it (results_dir/logs/fit/*.log)"]
+        for path in dict.fromkeys(p for p, _ in self.log):
+            lines += [f"{path}:", *(f"  {line}" for p, line in self.log if p == path)]
+        return lines
+
+
+def sweep_status(config: Config) -> SweepStatus:
+    """Count fitted, failed and pending datasets; estimate the time left for the pending ones."""
+    states = {d: state for d, (state, _) in _states(config).items()}
+    pending = sum(s == PENDING for s in states.values())
+    current = [d for d, s in states.items() if s == FITTED]
+    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current))
+
+
+def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
+    """One dataset's state in detail, with the fit log lines that mention it."""
+    states = _states(config)
+    if dataset_id not in states:
+        raise DatasetError(f"not among the datasets of config {config.source} ({len(states)} dataset(s): "
+                           f"{', '.join(list(states)[:5])}{', ...' if len(states) > 5 else ''})", dataset=dataset_id)
+    state, detail = states[dataset_id]
+    if state == FITTED:
+        from batchfit.outputs.summaries import dataset_health  # xarray, netCDF4, ArviZ: to show a fit's health
+
+        health = dataset_health(config.fit_path(dataset_id), config.health)
+        detail = health["status"] + "".join(f"; {reason}" for reason in health["reasons"])
+    return DatasetStatus(dataset_id, state, detail, log_lines(config, dataset_id))
+
+
+def _states(config: Config) -> dict[str, tuple[str, str]]:
+    """Each dataset's state and a short reason, in id order."""
+
+    datasets = discover_datasets(config)
+    expected = expected_digests(config, datasets, record=False)
+    states = {}
+    for d in datasets:
+        recorded = recorded_digest(config, d)
+        failure = _failure_message(config, d)
+        if recorded == expected[d]:
+            states[d] = (FITTED, "its fit has the config's provenance")
+        elif failure is not None:
+            states[d] = (FAILED, failure)
+        elif recorded is None:
+            states[d] = (PENDING, "never fitted")
+        else:
+            states[d] = (PENDING, "its fit's provenance differs from the config's (the sampler or outputs settings, "
+                         "the model, the data file, the coding of a text column or a library changed): refitted "
+                         "by the next run")
+    return states
+
+
+def _failure_message(config: Config, dataset_id: str) -> str | None:
+    try:
+        record = json.loads(config.failure_path(dataset_id).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"unreadable failure record {config.failure_path(dataset_id)}: {exc}"
+    return f"at {record.get('stage')}: {record.get('message')}"
+
+
+def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
+    """Time left for ``pending`` datasets: at the latest sweep's pace, else from the timed fits.
+
+    The sweep's main process writes plan.json when it starts; fits written since then give its
+    pace (parallel jobs included). Before any of them, the batch manifests' median seconds per fit.
+    """
+    if not pending:
+        return "none, nothing is pending"
+    started = _mtime_ns(config.results_dir / "plan.json") or 0
+    since = sorted(t for t in (_fit_written_ns(config, d) for d in fitted) if started and t and t > started)
+    if since:
+        per_fit = (since[-1] - started) / 1e9 / len(since)
+        clock = time.strftime("%H:%M:%S", time.localtime(started / 1e9))
+        return (f"about {_duration(per_fit * pending)} for {pending} pending dataset(s) at the pace of the latest "
+                f"sweep ({len(since)} fit(s) in {_duration((since[-1] - started) / 1e9)} since it started at {clock})")
+    seconds = _timed_fits(config)
+    if not seconds:
+        return f"unknown for {pending} pending dataset(s): no fit has been timed yet (batch manifests)"
+    median = statistics.median(seconds)
+    return (f"about {_duration(median * pending)} of fitting for {pending} pending dataset(s) in one job "
+            f"({median:.2f} s per dataset, the median of {len(seconds)} fit(s) in the batch manifests); "
+            "jobs running side by side divide it")
+
+
+def _fallbacks(config: Config, fitted: list[str]) -> dict[str, list[str]]:
+    """Why each of ``fitted`` that was not sampled on the cached path was not, from the batch
+    manifests (the newest outcome of a dataset counts)."""
+    latest: dict[str, str] = {}
+    for path in sorted((config.results_dir / "batches").glob("*.json"), key=lambda p: _mtime_ns(p) or 0):
+        try:
+            outcomes = json.loads(path.read_text())["datasets"]
+            latest.update({d: str(o.get("fallback", "")) for d, o in outcomes.items() if o.get("status") == "ok"})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a manifest being written, or damaged: the others suffice
+    found: dict[str, list[str]] = {}
+    for dataset_id in fitted:
+        if latest.get(dataset_id):
+            found.setdefault(latest[dataset_id], []).append(dataset_id)
+    return found
+
+
+def _timed_fits(config: Config) -> list[float]:
+    """Seconds of every successful fit recorded in the batch manifests."""
+    seconds = []
+    for path in (config.results_dir / "batches").glob("*.json"):
+        try:
+            outcomes = json.loads(path.read_text())["datasets"].values()
+            seconds += [float(o["seconds"]) for o in outcomes if o.get("status") == "ok"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a manifest being written, or damaged: the others suffice
+    return seconds
+
+
+def _fit_written_ns(config: Config, dataset_id: str) -> int | None:
+    """When a fit was written, from its sidecar (no NetCDF opened)."""
+
+    try:
+        return int(json.loads(sidecar_path(config, dataset_id).read_text())["fit_mtime_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def log_lines(config: Config, dataset_id: str) -> list[tuple[Path, str]]:
+    """The lines of the fit logs that name ``dataset_id`` (each log's header lists its batch's datasets)."""
+    word = re.compile(rf"(?<![\w.-]){re.escape(dataset_id)}(?![\w.-])")
+    logs = sorted((config.results_dir / "logs" / "fit").glob("*.log"), key=lambda p: _mtime_ns(p) or 0)
+    found = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found += [(path, line) for line in text.splitlines() if word.search(line)]
+    return found
