@@ -93,7 +93,7 @@ def fit_batchfit(directory: Path) -> None:
 
     config = load_config(directory / "config.yaml")
     pipeline.run_fit(config, threads=2)
-    failures = list((config.results_dir / "failures").glob("*.json"))
+    failures = list(config.layout.failures.glob("*.json"))
     if failures:
         raise RuntimeError(json.loads(failures[0].read_text())["message"])
 

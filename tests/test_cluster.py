@@ -81,11 +81,11 @@ def test_a_batch_that_ran_is_retried_under_a_new_name(tmp_path):
     config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)], "results_dir": str(tmp_path)})
     first = untried_batch_id(config, ["a", "b"], ["1", "2"])
     assert first == batch_id(["a", "b"], ["1", "2"])
-    config.batch_manifest_path(first).parent.mkdir(parents=True)
-    config.batch_manifest_path(first).write_text("{}")
+    config.layout.batch_manifest(first).parent.mkdir(parents=True)
+    config.layout.batch_manifest(first).write_text("{}")
     second = untried_batch_id(config, ["a", "b"], ["1", "2"])
     assert second != first
-    config.batch_manifest_path(second).write_text("{}")
+    config.layout.batch_manifest(second).write_text("{}")
     assert untried_batch_id(config, ["a", "b"], ["1", "2"]) not in (first, second)
 
 

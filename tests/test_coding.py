@@ -17,7 +17,7 @@ import pytest
 import xarray as xr
 
 from batchfit.config import Config, config_from_dict
-from batchfit.data.coding import registry_path, sweep_coding
+from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import DataRequirement, check_dataset, load_dataset
 from batchfit.data.labels import Coding
 from batchfit.errors import ConfigError, DatasetError
@@ -125,7 +125,7 @@ def test_a_new_dataset_with_a_new_level_never_changes_existing_codes(tmp_path: P
     assert decoded(load_dataset("s0", paths["s0"], after), "sex") == ["A", "M"]
     # the coding a provenance digest sees changes with the levels, and is JSON
     assert before.for_dataset("s1") != after.for_dataset("s1")
-    assert json.loads(registry_path(config).read_text())["levels"]["sex"]["levels"] == ["F", "M", "A"]
+    assert json.loads(config.layout.coding_registry.read_text())["levels"]["sex"]["levels"] == ["F", "M", "A"]
     # a fresh process reading the registry agrees
     assert sweep_coding(config, dict(sorted(paths.items()))) == after
 
@@ -234,8 +234,8 @@ def test_fit_fails_the_typo_before_sampling_and_stores_labels_with_codes(poisson
     assert outcomes["s1"].status == outcomes["s2"].status == "ok"
     assert outcomes["s3"].status == "failed" and outcomes["s3"].stage == "build"
     assert "'many'" in outcomes["s3"].message and "row index 2" in outcomes["s3"].message
-    assert not poisson_sweep.fit_path("s3").exists()
-    with xr.open_datatree(poisson_sweep.fit_path("s2")) as tree:
+    assert not poisson_sweep.layout.fit("s3").exists()
+    with xr.open_datatree(poisson_sweep.layout.fit("s2")) as tree:
         constant = tree["constant_data"].ds
         labels = constant["sex_labels"].values.tolist()
         assert labels == ["F", "M"]

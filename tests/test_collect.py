@@ -20,6 +20,7 @@ import batchfit
 from batchfit.common.atomic import atomic_path, remove_stale_temporaries
 from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.layout import ResultsLayout
 from batchfit.model.variables import DETERMINISTIC, ROLE_ATTR
 from batchfit.outputs.collect import collect, collect_fits
 from batchfit.outputs.combined import dataset_posterior
@@ -95,14 +96,14 @@ def write_fit(
         "seed": seed,
         "sampler": json.dumps({"draws": DRAWS, "chains": CHAINS}),
     }
-    path = config.fit_path(dataset_id)
+    path = config.layout.fit(dataset_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tree.to_netcdf(path, engine="h5netcdf")
     return path
 
 
 def write_failure(config: Config, dataset_id: str, message: str) -> Path:
-    path = config.failure_path(dataset_id)
+    path = config.layout.failure(dataset_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "dataset": dataset_id,
@@ -141,9 +142,9 @@ def test_collect_report(sweep: Config) -> None:
         f"collect: 2 ok, 2 warning, 1 failed of 5 datasets (see {sweep.results_dir / 'failures.csv'})"
     )
     assert {report.posteriors_path, report.summary_path, report.failures_path} == {
-        sweep.posteriors_path,
-        sweep.summary_path,
-        sweep.failures_csv_path,
+        sweep.layout.posteriors,
+        sweep.layout.summary,
+        sweep.layout.failures_csv,
     }
     leftovers = [p.name for p in sweep.results_dir.iterdir() if p.name.startswith(".")]
     assert leftovers == []
@@ -152,7 +153,7 @@ def test_collect_report(sweep: Config) -> None:
 def test_posteriors_stack_datasets_along_a_dimension(sweep: Config) -> None:
     collect(sweep, IDS)
     fitted = ["store_01", "store_02", "store_03", "store_07"]
-    with xr.open_datatree(sweep.posteriors_path) as tree:
+    with xr.open_datatree(sweep.layout.posteriors) as tree:
         assert tree.attrs["n_datasets"] == 4
         posterior, info = tree["posterior"].ds, tree["datasets"].ds
         assert list(posterior["dataset"].values) == fitted
@@ -164,7 +165,7 @@ def test_posteriors_stack_datasets_along_a_dimension(sweep: Config) -> None:
         assert info["model_hash"].sel(dataset="store_01").item() == "abc123"
         assert info["divergences"].sel(dataset="store_02").item() == 4
         for dataset_id in fitted:
-            with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+            with xr.open_datatree(sweep.layout.fit(dataset_id)) as fit:
                 xr.testing.assert_equal(dataset_posterior(posterior, info, dataset_id), fit["posterior"].to_dataset())
 
 
@@ -173,20 +174,20 @@ def test_variables_differing_between_datasets_follow_the_padding_rule(tmp_path: 
     config = sweep_config(tmp_path / "results")
     write_fit(config, "s1", 2, seed=1, stuck_deterministic=True)
     write_fit(config, "s2", 3, seed=2)
-    with xr.open_datatree(config.fit_path("s1")) as tree:
+    with xr.open_datatree(config.layout.fit("s1")) as tree:
         odd = tree.to_dict()
     odd["/posterior"] = odd["/posterior"].assign(
         L=(("chain", "draw", "k", "group"), odd["/posterior"]["L"].transpose("chain", "draw", "k", "group").values),
         n=(("chain", "draw", "group"), np.arange(CHAINS * DRAWS * 2).reshape(CHAINS, DRAWS, 2)))
-    config.fit_path("s1").unlink()
-    xr.DataTree.from_dict(odd).to_netcdf(config.fit_path("s1"), engine="netcdf4")
+    config.layout.fit("s1").unlink()
+    xr.DataTree.from_dict(odd).to_netcdf(config.layout.fit("s1"), engine="netcdf4")
     collect(config, ["s1", "s2"])
-    with xr.open_datatree(config.posteriors_path) as tree:
+    with xr.open_datatree(config.layout.posteriors) as tree:
         posterior, info = tree["posterior"].ds, tree["datasets"].ds
         assert "L" not in posterior and "L" in json.loads(tree.attrs["excluded_variables"])
         assert np.isnan(posterior["d"].sel(dataset="s2")).all()
         ours = dataset_posterior(posterior, info, "s1")
-        with xr.open_datatree(config.fit_path("s1")) as fit:
+        with xr.open_datatree(config.layout.fit("s1")) as fit:
             xr.testing.assert_equal(ours, fit["posterior"].to_dataset().drop_dims("k"))
         assert ours["n"].dtype == fit["posterior"]["n"].dtype
         assert "d" not in dataset_posterior(posterior, info, "s2")
@@ -194,20 +195,20 @@ def test_variables_differing_between_datasets_follow_the_padding_rule(tmp_path: 
 
 def test_outputs_open_with_arviz(sweep: Config) -> None:
     collect(sweep, IDS)
-    fit = arviz.from_netcdf(sweep.fit_path("store_01"))
+    fit = arviz.from_netcdf(sweep.layout.fit("store_01"))
     assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(fit.children)
-    combined = arviz.from_netcdf(sweep.posteriors_path)
+    combined = arviz.from_netcdf(sweep.layout.posteriors)
     table = arviz.summary(combined, round_to="none")  # every dataset at once
     assert "a[store_07, g5]" in table.index and table.loc["a[store_01, g5]"].isna().all()
     one = arviz.summary(combined["posterior"].ds.sel(dataset="store_07"), round_to="none")
-    reference = arviz.summary(arviz.from_netcdf(sweep.fit_path("store_07")), round_to="none")
+    reference = arviz.summary(arviz.from_netcdf(sweep.layout.fit("store_07")), round_to="none")
     pd.testing.assert_frame_equal(one, reference)
 
 
 def test_summary_csv(sweep: Config) -> None:
     collect(sweep, IDS)
-    summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
-    reference = arviz.summary(arviz.from_netcdf(sweep.fit_path("store_01")), ci_kind="hdi", round_to="none")
+    summary = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
+    reference = arviz.summary(arviz.from_netcdf(sweep.layout.fit("store_01")), ci_kind="hdi", round_to="none")
     assert list(reference.columns) == ["mean", "sd", "hdi89_lb", "hdi89_ub", "ess_bulk", "ess_tail", "r_hat",
                                        "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89%
     assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
@@ -259,7 +260,7 @@ def test_summary_csv(sweep: Config) -> None:
 
 def test_failures_csv(sweep: Config) -> None:
     collect(sweep, IDS)
-    failures = pd.read_csv(sweep.failures_csv_path, keep_default_na=False)
+    failures = pd.read_csv(sweep.layout.failures_csv, keep_default_na=False)
     assert list(failures.columns) == FAILURE_COLUMNS
     assert failures.to_dict("records") == [
         {
@@ -275,15 +276,15 @@ def test_failures_csv(sweep: Config) -> None:
 
 def test_no_failures_writes_header_only(sweep: Config) -> None:
     report = collect(sweep, ["store_01", "store_07"])
-    assert sweep.failures_csv_path.read_text() == ",".join(FAILURE_COLUMNS) + "\n"
+    assert sweep.layout.failures_csv.read_text() == ",".join(FAILURE_COLUMNS) + "\n"
     assert report.one_line() == "collect: 2 ok, 0 warning, 0 failed of 2 datasets"
 
 
 def test_missing_dataset_is_an_error(sweep: Config) -> None:
     with pytest.raises(BatchfitError, match=r"'store_09'.*run the fit stage"):
         collect(sweep, [*IDS, "store_09"])
-    assert not sweep.posteriors_path.exists()
-    assert not sweep.summary_path.exists()
+    assert not sweep.layout.posteriors.exists()
+    assert not sweep.layout.summary.exists()
 
 
 def test_fit_and_failure_both_present_is_an_error(sweep: Config) -> None:
@@ -293,26 +294,20 @@ def test_fit_and_failure_both_present_is_an_error(sweep: Config) -> None:
 
 
 def test_unreadable_fit_names_dataset_and_file(sweep: Config) -> None:
-    sweep.fit_path("store_07").write_bytes(b"not netcdf")
+    sweep.layout.fit("store_07").write_bytes(b"not netcdf")
     with pytest.raises(DatasetError, match=r"store_07.*store_07\.nc"):
         collect(sweep, IDS)
-    assert not sweep.posteriors_path.exists()
+    assert not sweep.layout.posteriors.exists()
     assert [p.name for p in sweep.results_dir.iterdir() if p.name.startswith(".")] == []
 
 
 def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"
-    report = collect_fits(
-        ["store_03"],
-        fit_path=sweep.fit_path,
-        failure_path=sweep.failure_path,
-        posteriors_path=out / "p.nc",
-        summary_path=out / "s.csv",
-        failures_csv_path=out / "f.csv",
-        thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0),
-    )
+    report = collect_fits(["store_03"], fits=sweep.layout, out=ResultsLayout(out),
+                          thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0))
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
-    assert {p.name for p in out.iterdir()} == {"p.nc", "s.csv", "f.csv", "summaries"}
+    assert {p.name for p in out.iterdir()} == {"posteriors.nc", "summary.csv", "failures.csv", "summaries"}
+    assert not sweep.layout.summary.exists()
 
 
 def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:
@@ -324,22 +319,22 @@ def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:
 
     scored = config_from_dict({**config_to_dict(config), "health": {"var_names": ["d", "sigma"]}})
     assert collect(scored, ["s"]).warning_ids == ["s"]
-    assert dataset_health(config.fit_path("s"), Health(var_names=("d",)))["reasons"][0].startswith("max r_hat")
+    assert dataset_health(config.layout.fit("s"), Health(var_names=("d",)))["reasons"][0].startswith("max r_hat")
 
 
 def test_dataset_health(sweep: Config) -> None:
-    health = dataset_health(sweep.fit_path("store_02"), Health())
+    health = dataset_health(sweep.layout.fit("store_02"), Health())
     assert health["divergences"] == 4
     assert health["status"] == "warning"
     assert health["reasons"] == ["4 divergences > 0"]
     assert 0.9 < health["max_r_hat"] < 1.1
     assert health["min_ess_bulk"] > 20
 
-    ok = dataset_health(sweep.fit_path("store_01"), Health())
+    ok = dataset_health(sweep.layout.fit("store_01"), Health())
     assert (ok["status"], ok["divergences"], ok["reasons"]) == ("ok", 0, [])
-    stuck = dataset_health(sweep.fit_path("store_03"), Health())
+    stuck = dataset_health(sweep.layout.fit("store_03"), Health())
     assert stuck["status"] == "warning" and stuck["reasons"][0].startswith("max r_hat")
-    low_ess = dataset_health(sweep.fit_path("store_01"), Health(min_ess_bulk=1e6))
+    low_ess = dataset_health(sweep.layout.fit("store_01"), Health(min_ess_bulk=1e6))
     assert low_ess["status"] == "warning" and low_ess["reasons"][0].startswith("min ess_bulk")
 
 
@@ -440,11 +435,9 @@ def test_stale_temporaries_of_the_given_files_only_are_removed(tmp_path: Path) -
 
 def fresh_collect_summary(config: Config, ids: list[str], tmp_path: Path) -> pd.DataFrame:
     """summary.csv of a collect of the same fits with an empty summary cache, as the reference."""
-    out = tmp_path / "from-scratch"
-    collect_fits(ids, fit_path=config.fit_path, failure_path=config.failure_path, posteriors_path=out / "p.nc",
-                 summary_path=out / "s.csv", failures_csv_path=out / "f.csv", thresholds=config.health,
-                 summary=config.summary)
-    return pd.read_csv(out / "s.csv", keep_default_na=False, na_values=[""])
+    out = ResultsLayout(tmp_path / "from-scratch")
+    collect_fits(ids, fits=config.layout, out=out, thresholds=config.health, summary=config.summary)
+    return pd.read_csv(out.summary, keep_default_na=False, na_values=[""])
 
 
 def test_adding_datasets_summarises_and_reads_only_those(sweep: Config, tmp_path: Path) -> None:
@@ -455,11 +448,11 @@ def test_adding_datasets_summarises_and_reads_only_those(sweep: Config, tmp_path
     ids = [*IDS, "store_08", "store_09"]
     again = collect(sweep, ids)
     assert again.summarised_ids == again.posterior_read_ids == ["store_08", "store_09"]
-    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    ours = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
-    with xr.open_datatree(sweep.posteriors_path) as tree:
+    with xr.open_datatree(sweep.layout.posteriors) as tree:
         for dataset_id in ["store_01", "store_09"]:  # copied from the previous file, read from its fit
-            with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+            with xr.open_datatree(sweep.layout.fit(dataset_id)) as fit:
                 xr.testing.assert_equal(dataset_posterior(tree["posterior"].ds, tree["datasets"].ds, dataset_id),
                                         fit["posterior"].to_dataset())
     assert collect(sweep, ids).summarised_ids == []
@@ -470,12 +463,12 @@ def test_a_changed_fit_or_summary_setting_is_summarised_again(sweep: Config, tmp
     write_fit(sweep, "store_07", 5, seed=70)  # refitted: new draws
     report = collect(sweep, IDS)
     assert report.summarised_ids == report.posterior_read_ids == ["store_07"]
-    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    ours = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, IDS, tmp_path))
 
     narrower = config_from_dict({**config_to_dict(sweep), "summary": {"ci_prob": 0.5, "ci_kind": "eti"}})
     assert collect(narrower, IDS).summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
-    assert "eti50_lb" in pd.read_csv(narrower.summary_path).columns
+    assert "eti50_lb" in pd.read_csv(narrower.layout.summary).columns
     scored = config_from_dict({**config_to_dict(narrower), "health": {"var_names": ["sigma"]}})
     assert collect(scored, IDS).summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
     stricter = config_from_dict({**config_to_dict(scored), "health": {"var_names": ["sigma"], "min_ess_bulk": 1e6}})
@@ -487,10 +480,10 @@ def test_cached_summary_rows_equal_arviz_stats_summary(sweep: Config) -> None:
     """summary.csv after a collect that took every row from the cache, against arviz_stats on the fits."""
     collect(sweep, IDS)
     assert collect(sweep, IDS).summarised_ids == []
-    summary = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    summary = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
     for dataset_id in ["store_01", "store_02", "store_03", "store_07"]:
         ours = summary[summary["dataset"] == dataset_id].set_index("parameter")
-        with xr.open_datatree(sweep.fit_path(dataset_id)) as fit:
+        with xr.open_datatree(sweep.layout.fit(dataset_id)) as fit:
             reference = arviz_stats.summary(fit, ci_kind="hdi", round_to="none")  # summary.ci_kind's default
         assert list(ours.index) == list(reference.index)
         np.testing.assert_allclose(ours[reference.columns].to_numpy(float), reference.to_numpy(float), rtol=1e-10)
@@ -503,9 +496,9 @@ def test_a_damaged_cache_entry_is_recomputed(sweep: Config) -> None:
 
 
 def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:
-    with xr.open_datatree(config.posteriors_path) as tree:
+    with xr.open_datatree(config.layout.posteriors) as tree:
         for dataset_id in ids:
-            with xr.open_datatree(config.fit_path(dataset_id)) as fit:
+            with xr.open_datatree(config.layout.fit(dataset_id)) as fit:
                 xr.testing.assert_equal(dataset_posterior(tree["posterior"].ds, tree["datasets"].ds, dataset_id),
                                         fit["posterior"].to_dataset())
 
@@ -547,9 +540,9 @@ def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> N
     from batchfit.outputs.summaries import STAGED, SummaryCache
 
     cache = SummaryCache(sweep.results_dir / "summaries", sweep.summary, sweep.health)
-    cache.entry("store_07", sweep.fit_path("store_07"))  # staged, then a collect stopped before posteriors.nc
-    cache.entry("store_01", sweep.fit_path("store_01"))
-    [damaged] = (cache.directory / STAGED).glob(f"{cache.entry('store_01', sweep.fit_path('store_01'))['key']}.npz")
+    cache.entry("store_07", sweep.layout.fit("store_07"))  # staged, then a collect stopped before posteriors.nc
+    cache.entry("store_01", sweep.layout.fit("store_01"))
+    [damaged] = (cache.directory / STAGED).glob(f"{cache.entry('store_01', sweep.layout.fit('store_01'))['key']}.npz")
     damaged.write_bytes(b"PK\x03\x04 not a zip file")
     write_fit(sweep, "store_07", 5, seed=70)  # refitted: new draws, a new key
     report = collect(sweep, IDS)
@@ -583,7 +576,7 @@ def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monk
     assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07", "store 08"]
     assert here == ["store_01", "store_03", "store 08"]  # every other one; the helper wrote the rest
     monkeypatch.undo()
-    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    ours = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, ids, tmp_path))
 
 
@@ -597,7 +590,7 @@ def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: 
     report = collect(sweep, IDS, workers=3)
     assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
     monkeypatch.undo()
-    ours = pd.read_csv(sweep.summary_path, keep_default_na=False, na_values=[""])
+    ours = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(ours, fresh_collect_summary(sweep, IDS, tmp_path))
     assert_posteriors_equal_fits(sweep, ["store_01", "store_02", "store_03", "store_07"])
 
@@ -606,12 +599,12 @@ def test_a_fit_no_process_can_summarise_fails_collect_as_without_helpers(sweep: 
     import batchfit.outputs.summary_helpers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
-    sweep.fit_path("store_02").write_bytes(b"not netcdf")
+    sweep.layout.fit("store_02").write_bytes(b"not netcdf")
     with pytest.raises(DatasetError, match=r"store_02.*store_02\.nc"):
         collect(sweep, IDS, workers=2)
-    assert not sweep.posteriors_path.exists()
+    assert not sweep.layout.posteriors.exists()
     # the workers wrote the summaries of the others, which the next collect finds
-    sweep.fit_path("store_02").unlink()
+    sweep.layout.fit("store_02").unlink()
     write_failure(sweep, "store_02", "refitted and failed")
     assert collect(sweep, IDS).summarised_ids == []
 
@@ -633,7 +626,7 @@ def test_open_results_hands_arviz_one_dataset_or_all(sweep: Config, tmp_path: Pa
     with batchfit.open_results(sweep) as results:
         for dataset_id in results.dataset_ids:
             ours = arviz.summary(results.dataset(dataset_id), round_to="none")
-            pd.testing.assert_frame_equal(ours, arviz.summary(arviz.from_netcdf(sweep.fit_path(dataset_id)),
+            pd.testing.assert_frame_equal(ours, arviz.summary(arviz.from_netcdf(sweep.layout.fit(dataset_id)),
                                                               round_to="none"))
         assert results.dataset("store_01").attrs["model_hash"] == "abc123"
         plot = arviz_plots.plot_forest(results.tree, backend="matplotlib")

@@ -112,12 +112,12 @@ def test_config_is_frozen() -> None:
 
 def test_path_helpers_live_under_results_dir() -> None:
     config = config_from_dict(FULL)
-    assert config.fit_path("store_07") == Path("out/fits/store_07.nc")
-    assert config.failure_path("store_07") == Path("out/failures/store_07.json")
-    assert config.batch_manifest_path("batch_003") == Path("out/batches/batch_003.json")
-    assert config.posteriors_path == Path("out/posteriors.nc")
-    assert config.summary_path == Path("out/summary.csv")
-    assert config.failures_csv_path == Path("out/failures.csv")
+    assert config.layout.fit("store_07") == Path("out/fits/store_07.nc")
+    assert config.layout.failure("store_07") == Path("out/failures/store_07.json")
+    assert config.layout.batch_manifest("batch_003") == Path("out/batches/batch_003.json")
+    assert config.layout.posteriors == Path("out/posteriors.nc")
+    assert config.layout.summary == Path("out/summary.csv")
+    assert config.layout.failures_csv == Path("out/failures.csv")
 
 
 def test_sampler_dict_is_plain_data() -> None:

@@ -42,9 +42,9 @@ def _fit(config, caplog) -> dict[str, Outcome]:
 def _assert_failed_loudly(config, outcomes, caplog, error: str) -> None:
     for dataset_id, outcome in outcomes.items():
         assert outcome.status == "failed", outcome
-        record = json.loads(config.failure_path(dataset_id).read_text())
+        record = json.loads(config.layout.failure(dataset_id).read_text())
         assert "Traceback (most recent call last)" in record["traceback"] and error in record["traceback"]
-        assert not config.fit_path(dataset_id).exists()
+        assert not config.layout.fit(dataset_id).exists()
     assert any(r.levelno == logging.ERROR and error in r.getMessage() for r in caplog.records), caplog.text
     assert "nutpie's own compile" not in caplog.text  # no slow detour
 
@@ -84,11 +84,11 @@ def test_a_sampler_failure_on_the_cached_path_falls_back_and_is_counted(two_data
     assert len(calls) == 3, "d1 was not sampled again"
     assert {d: o.status for d, o in outcomes.items()} == {"d0": "ok", "d1": "ok"}
     assert outcomes["d0"].fallback == "" and "made to fail by the test" in outcomes["d1"].fallback
-    with xr.open_datatree(two_datasets.fit_path("d1")) as tree:
+    with xr.open_datatree(two_datasets.layout.fit("d1")) as tree:
         assert tree.attrs["sampler_path"] == "nutpie" and "made to fail" in tree.attrs["fallback"]
     report = collect(two_datasets, ["d0", "d1"])
     assert list(report.fallbacks.values()) == [["d1"]] and "1 not on batchfit's cached path" in report.one_line()
-    summary = pd.read_csv(two_datasets.summary_path, keep_default_na=False)
+    summary = pd.read_csv(two_datasets.layout.summary, keep_default_na=False)
     assert set(summary.loc[summary["dataset"] == "d1", "fallback"]) == {outcomes["d1"].fallback}
     assert set(summary.loc[summary["dataset"] == "d0", "fallback"]) == {""}
     assert any("1 because" in line and "d1" in line for line in sweep_status(two_datasets).lines())

@@ -117,7 +117,7 @@ def batch10(data_dir, tmp_path_factory, hierarchical_entry):
         for index, outcome in real_fit_datasets(fitter, claims, paths, threads=threads):
             snapshots.append(dict(counts))
             outcomes.append(outcome)
-            trees.append(read_tree(config.fit_path(outcome.dataset)) if outcome.status == "ok" else None)
+            trees.append(read_tree(config.layout.fit(outcome.dataset)) if outcome.status == "ok" else None)
             yield index, outcome
 
     ids = [*IDS, "d0"]
@@ -164,7 +164,7 @@ def test_each_fit_has_its_own_groups_and_rows(batch10):
     for dataset_id, tree in zip(batch10["ids"], batch10["trees"], strict=True):
         frame = pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")
         labels = sorted(frame["group"].unique())
-        with xr.open_datatree(batch10["config"].fit_path(dataset_id)) as fit:
+        with xr.open_datatree(batch10["config"].layout.fit(dataset_id)) as fit:
             post = fit["posterior"].ds
             assert list(post["a"].dims) == ["chain", "draw", "groups"]
             assert list(post["groups"].values) == labels
@@ -198,8 +198,8 @@ def test_posterior_does_not_depend_on_position_in_batch(batch10, tmp_path, sessi
         config = make_config(tmp_path / name.replace(" ", "-"), session_cache, [str(data_dir / "*.csv")])
         report = fit_batch(config, ids, batch_id="b")
         assert all(o.status == "ok" for o in report.outcomes), report.outcomes
-        runs[name] = read_tree(config.fit_path(x))["posterior"]
-        with xr.open_datatree(config.fit_path(x)) as tree:
+        runs[name] = read_tree(config.layout.fit(x))["posterior"]
+        with xr.open_datatree(config.layout.fit(x)) as tree:
             assert tree.attrs["seed"] == dataset_seed(SAMPLER["seed"], x)
     reference = runs.pop("alone")
     for name, post in runs.items():
@@ -325,7 +325,7 @@ def contract_sweep(tmp_path):
 
 
 def _failure(config, dataset_id):
-    return json.loads(config.failure_path(dataset_id).read_text())
+    return json.loads(config.layout.failure(dataset_id).read_text())
 
 
 def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, hierarchical_entry):
@@ -338,9 +338,9 @@ def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, hi
     assert report.compile.startswith("cache hit"), "the good datasets build the bundled model's structure"
     assert {o.dataset: o.status for o in report.outcomes} == {
         "a_ok": "ok", "b_baked": "ok", "c_nodata": "failed", "d_text": "failed", "f_rank": "failed", "e_ok": "ok"}
-    assert config.fit_path("a_ok").is_file() and config.fit_path("e_ok").is_file()
+    assert config.layout.fit("a_ok").is_file() and config.layout.fit("e_ok").is_file()
     # b_baked's column 'w' is baked into its model: fitted by a compile of its own, as pm.sample would
-    with xr.open_datatree(config.fit_path("b_baked")) as tree:
+    with xr.open_datatree(config.layout.fit("b_baked")) as tree:
         assert tree.attrs["sampler_path"] == "nutpie" and tree.attrs["compile_key"] == ""
 
     expected = {
@@ -354,8 +354,8 @@ def test_contract_failures_are_recorded_and_the_batch_goes_on(contract_sweep, hi
         assert record["path"].endswith(dataset_id + (".nc" if dataset_id == "f_rank" else ".csv"))
         for part in parts:
             assert part in record["message"], (part, record["message"])
-        assert not config.fit_path(dataset_id).exists()
-    manifest = json.loads(config.batch_manifest_path("contract").read_text())
+        assert not config.layout.fit(dataset_id).exists()
+    manifest = json.loads(config.layout.batch_manifest("contract").read_text())
     assert list(manifest["datasets"]) == ids
     assert manifest["datasets"]["d_text"]["stage"] == "build"
     assert manifest["datasets"]["d_text"]["error_type"] == DatasetError.__name__
@@ -368,10 +368,10 @@ def test_on_error_stop_raises_after_writing_the_manifest(contract_sweep, session
     with pytest.raises(BatchfitError, match="c_nodata") as info:
         fit_batch(config, ["a_ok", "c_nodata", "e_ok"], batch_id="stop")
     assert "build" in str(info.value) and "'offset'" in str(info.value)
-    manifest = json.loads(config.batch_manifest_path("stop").read_text())
+    manifest = json.loads(config.layout.batch_manifest("stop").read_text())
     assert {d: o["status"] for d, o in manifest["datasets"].items()} == {"a_ok": "ok", "c_nodata": "failed"}
-    assert config.fit_path("a_ok").is_file(), "fits written before the failure stay on disk"
-    assert not config.fit_path("e_ok").exists()
+    assert config.layout.fit("a_ok").is_file(), "fits written before the failure stay on disk"
+    assert not config.layout.fit("e_ok").exists()
     assert _failure(config, "c_nodata")["stage"] == "build"
 
 
@@ -384,7 +384,7 @@ def test_integer_column_is_cast_to_the_models_float(tmp_path, session_cache):
     config = make_config(tmp_path / "results", session_cache, [str(data / "*.csv")])
     report = fit_batch(config, ["d1int"], batch_id="ints")
     assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
-    with xr.open_datatree(config.fit_path("d1int")) as tree:
+    with xr.open_datatree(config.layout.fit("d1int")) as tree:
         assert tree["constant_data"].ds["x"].dtype == np.float64
 
 
@@ -394,7 +394,7 @@ def test_fit_file_layout(batch10):
     import arviz
 
     config, dataset_id = batch10["config"], "d4"
-    path = config.fit_path(dataset_id)
+    path = config.layout.fit(dataset_id)
     n_obs = len(pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv"))
     with xr.open_datatree(path) as tree:
         groups = {name.strip("/") for name in tree.groups} - {""}
@@ -424,7 +424,7 @@ def test_fit_file_layout(batch10):
 def test_fit_without_extras_has_no_extra_groups(batch10, tmp_path, session_cache):
     config = make_config(tmp_path / "results", session_cache, [str(batch10["data_dir"] / "*.csv")])
     fit_batch(config, ["d2"], batch_id="plain")
-    with xr.open_datatree(config.fit_path("d2")) as tree:
+    with xr.open_datatree(config.layout.fit("d2")) as tree:
         groups = {name.strip("/") for name in tree.groups}
         assert "log_likelihood" not in groups and "posterior_predictive" not in groups
         assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= groups
@@ -435,7 +435,7 @@ def test_fit_without_extras_has_no_extra_groups(batch10, tmp_path, session_cache
 def test_log_likelihood_matches_scipy(batch10):
     for index, dataset_id, (chain, draw) in ((2, "d2", (1, 17)), (7, "d7", (0, 99))):
         frame = pd.read_csv(batch10["data_dir"] / f"{dataset_id}.csv")
-        with xr.open_datatree(batch10["config"].fit_path(dataset_id)) as tree:
+        with xr.open_datatree(batch10["config"].layout.fit(dataset_id)) as tree:
             post = tree["posterior"].ds.isel(chain=chain, draw=draw)
             a = dict(zip(post["groups"].values, post["a"].values, strict=True))
             b, sigma = float(post["b"]), float(post["sigma"])

@@ -92,18 +92,18 @@ def test_two_lanes_share_the_batch_and_draw_what_one_lane_draws(data_dir, tmp_pa
         "the helper's own log lines reach the job's log"
     progress = [m for m in messages if m.startswith("progress: ")]
     assert progress and progress[-1].startswith(f"progress: {len(ids)}/{len(ids)} datasets, "), progress
-    manifest = json.loads(config.batch_manifest_path("b").read_text())
+    manifest = json.loads(config.layout.batch_manifest("b").read_text())
     assert list(manifest["datasets"]) == ids
 
     for d in ids:
-        one, two = read_tree(sequential.fit_path(d)), read_tree(config.fit_path(d))
+        one, two = read_tree(sequential.layout.fit(d)), read_tree(config.layout.fit(d))
         assert_groups_equal(one, two, groups=("posterior", "posterior_predictive", "observed_data", "constant_data"))
         # The pointwise log-likelihood of a process that compiled its function and of one that
         # loaded it from numba's cache differ in the last bits (3.6e-15 measured, 2026-12-03),
         # with or without lanes; the draws above are bit-identical.
         np.testing.assert_allclose(one["log_likelihood"]["y_obs"], two["log_likelihood"]["y_obs"], rtol=1e-13, atol=0)
-    assert not np.array_equal(read_tree(config.fit_path("d2"))["posterior"]["mu_a"],
-                              read_tree(config.fit_path("d5"))["posterior"]["mu_a"])
+    assert not np.array_equal(read_tree(config.layout.fit("d2"))["posterior"]["mu_a"],
+                              read_tree(config.layout.fit("d5"))["posterior"]["mu_a"])
 
 
 def test_a_helper_that_dies_costs_only_the_dataset_it_was_fitting(data_dir, tmp_path, gated, hierarchical_entry,
@@ -122,8 +122,8 @@ def test_a_helper_that_dies_costs_only_the_dataset_it_was_fitting(data_dir, tmp_
     assert [o.dataset for o in report.outcomes] == ids
     assert outcomes[doomed].status == "failed" and outcomes[doomed].stage == "lane", outcomes[doomed]
     assert f"exit code {-signal.SIGKILL}" in outcomes[doomed].message and doomed in outcomes[doomed].message
-    assert all(outcomes[d].status == "ok" and config.fit_path(d).exists() for d in ids if d != doomed), outcomes
-    failure = json.loads(config.failure_path(doomed).read_text())
+    assert all(outcomes[d].status == "ok" and config.layout.fit(d).exists() for d in ids if d != doomed), outcomes
+    failure = json.loads(config.layout.failure(doomed).read_text())
     assert failure["stage"] == "lane" and failure["error_type"] == "LaneDied", failure
     assert any(r.levelno == logging.WARNING and f"process {helper}) ended with exit code {-signal.SIGKILL}"
                in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -30,7 +30,7 @@ def test_every_posterior_mean_matches_the_reference(nes_dir, session_cache, tmp_
     assert report.n_failed == 0
 
     reference = pd.read_csv(nes_dir / "reference_posterior_summary.csv")
-    summary = pd.read_csv(config.summary_path)
+    summary = pd.read_csv(config.layout.summary)
     merged = reference.merge(summary, on=["dataset", "parameter"], suffixes=("_ref", ""))
     assert len(merged) == len(reference) == 80  # 8 years x (9 coefficients + sigma)
     z = (merged["mean"] - merged["mean_ref"]).abs() / merged["sd_ref"]

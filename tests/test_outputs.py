@@ -87,7 +87,7 @@ def read_summary(path: Path) -> pd.DataFrame:
 # --- the fit keeps everything, with roles ----------------------------------------------------------
 
 def test_fit_keeps_every_variable_with_its_role(ordinal):
-    with xr.open_datatree(ordinal["config"].fit_path("s1")) as tree:
+    with xr.open_datatree(ordinal["config"].layout.fit("s1")) as tree:
         roles = {name: var.attrs[ROLE_ATTR] for name, var in tree["posterior"].ds.data_vars.items()}
         assert tree["posterior"].ds["y_obs_probs"].shape == (2, 200, 40, 3)
     assert roles == {"a": FREE, "b": FREE, "cutpoints": FREE, "a_centered": DETERMINISTIC,
@@ -97,10 +97,10 @@ def test_fit_keeps_every_variable_with_its_role(ordinal):
 def test_observation_sized_deterministic_is_not_summarised_by_default(ordinal):
     config = ordinal["config"]
     collect(config, ordinal["ids"])
-    summary = read_summary(config.summary_path)
+    summary = read_summary(config.layout.summary)
     variables = {re.sub(r"\[.*", "", p) for p in summary.index}
     assert variables == {"a", "b", "cutpoints", "a_centered", "spread"}
-    with xr.open_datatree(config.posteriors_path) as combined:
+    with xr.open_datatree(config.layout.posteriors) as combined:
         assert set(combined["posterior"].ds.data_vars) == variables
         assert "y_obs_probs_dim_0" not in combined["posterior"].ds.dims
 
@@ -111,10 +111,10 @@ def test_summary_csv_equals_arviz_summary_on_the_same_draws(ordinal, summary_set
     config = make_config(ordinal["root"], ordinal["config"].cache_dir,
                          summary={"var_names": ["."], "filter_vars": "regex", **summary_settings})
     collect(config, ordinal["ids"])
-    summary = pd.read_csv(config.summary_path, keep_default_na=False, na_values=[""])
+    summary = pd.read_csv(config.layout.summary, keep_default_na=False, na_values=[""])
     for dataset_id in ordinal["ids"]:
         ours = summary[summary["dataset"] == dataset_id].set_index("parameter")
-        with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+        with xr.open_datatree(config.layout.fit(dataset_id)) as tree:
             reference = arviz_stats.summary(tree, round_to="none", ci_prob=summary_settings.get("ci_prob"),
                                             ci_kind=summary_settings.get("ci_kind", "hdi"))
         assert sorted(ours.index) == sorted(reference.index) and "y_obs_probs[0, 2]" in ours.index
@@ -129,7 +129,7 @@ def test_outputs_var_names_select_what_the_fit_keeps(ordinal, tmp_path):
     config = make_config(ordinal["root"], ordinal["config"].cache_dir, results_dir=str(tmp_path / "results"),
                          outputs={"var_names": ["~_probs", "~spread"], "filter_vars": "like"})
     assert fit_batch(config, ["s2"], batch_id="kept").n_failed == 0
-    with xr.open_datatree(config.fit_path("s2")) as tree:
+    with xr.open_datatree(config.layout.fit("s2")) as tree:
         assert set(tree["posterior"].ds.data_vars) == {"a", "b", "cutpoints", "a_centered"}
 
 

@@ -125,8 +125,8 @@ def test_finishing_a_batch_never_changes_another(tmp_path):
     assert [len(members) for members in first.values()] == [3, 3, 1]
     done_name, done = next(iter(first.items()))
     for dataset_id in done:  # a stand-in fit, recorded with the provenance a real fit would have
-        config.fit_path(dataset_id).parent.mkdir(parents=True, exist_ok=True)
-        config.fit_path(dataset_id).write_bytes(b"")
+        config.layout.fit(dataset_id).parent.mkdir(parents=True, exist_ok=True)
+        config.layout.fit(dataset_id).write_bytes(b"")
         record(config, dataset_id, expected_provenance(config, dataset_id, tmp_path / "data" / f"{dataset_id}.csv"))
     second = plan(config).batches
     assert second == {name: members for name, members in first.items() if name != done_name}

@@ -277,7 +277,7 @@ def test_build_model_gives_the_model_and_data_the_sweep_fitted(project, monkeypa
     for d in IDS:
         model = batchfit.build_model("config.yaml", d)
         data = batchfit.load_dataset(config, d)
-        with xr.open_datatree(config.fit_path(d)) as fit:
+        with xr.open_datatree(config.layout.fit(d)) as fit:
             assert structure_of(model) == fit.attrs["structure"]
             stored = {**fit["constant_data"].to_dataset().data_vars, **fit["observed_data"].to_dataset().data_vars}
             containers = data_containers(model)

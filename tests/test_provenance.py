@@ -71,7 +71,7 @@ def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None
     config = config_from_dict(settings(fitted, session_cache))
     for dataset_id in IDS:
         data = fitted / "data" / f"{dataset_id}.csv"
-        with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+        with xr.open_datatree(config.layout.fit(dataset_id)) as tree:
             attrs = dict(tree.attrs)
             assert tree["posterior"].ds.sizes["draw"] == SAMPLER["draws"]
         assert json.loads(attrs["sampler"]) == SAMPLER
@@ -84,9 +84,9 @@ def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None
         assert versions["nutpie"] == __import__("nutpie").__version__
         assert versions["batchfit"] == __import__("batchfit").__version__
         assert re.fullmatch(r"[0-9a-f]{64}", attrs["provenance"]) and attrs["compile_key"]
-        sidecar = json.loads(config.fit_path(dataset_id).with_suffix(".json").read_text())
+        sidecar = json.loads(config.layout.fit(dataset_id).with_suffix(".json").read_text())
         assert sidecar["provenance"] == attrs["provenance"]
-    digests = {dataset_id: xr.open_datatree(config.fit_path(dataset_id)).attrs["provenance"] for dataset_id in IDS}
+    digests = {dataset_id: xr.open_datatree(config.layout.fit(dataset_id)).attrs["provenance"] for dataset_id in IDS}
     assert len(set(digests.values())) == len(IDS)  # each dataset's own data
 
 
@@ -144,7 +144,7 @@ def test_an_edited_helper_module_of_the_model_makes_every_dataset_pending(
     try:
         assert run_fit(config) == 0
         assert pending(config) == []
-        with xr.open_datatree(config.fit_path(IDS[0])) as tree:
+        with xr.open_datatree(config.layout.fit(IDS[0])) as tree:
             assert sorted(json.loads(tree.attrs["model_imports"])) == ["bf_prov_priors", "bf_prov_priors.scales"]
         scales.write_text("SLOPE_SD = 2.5\n")
         assert pending(config) == IDS
@@ -167,7 +167,7 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     config = config_from_dict(settings(project, session_cache))
     assert run_fit(config) == 0
     assert pending(config) == []
-    with xr.open_datatree(config.fit_path(IDS[0])) as tree:
+    with xr.open_datatree(config.layout.fit(IDS[0])) as tree:
         assert json.loads(tree.attrs["model_imports"]) == {"priors": hashlib.sha256(priors.read_bytes()).hexdigest()}
     stamp = compile_stamp_path(config)
     priors.write_text("SLOPE_SD = 2.5\n")
@@ -221,11 +221,11 @@ def test_a_replaced_fit_is_read_itself_not_through_its_sidecar(project: Path, se
     other = settings(project, session_cache, sampler={"draws": 60}, results_dir=str(tmp_path / "other"))
     assert run_fit(config_from_dict(other), ["shop_001"]) == 0
     config = config_from_dict(settings(project, session_cache))
-    shutil.copyfile(tmp_path / "other" / "fits" / "shop_001.nc", config.fit_path("shop_001"))
+    shutil.copyfile(tmp_path / "other" / "fits" / "shop_001.nc", config.layout.fit("shop_001"))
     assert pending(config) == ["shop_001"]
     with pytest.raises(BatchfitError, match=r"1 of 3 fit\(s\) were made with other settings.*'shop_001'"):
         run_collect(config)
-    assert not config.summary_path.exists()  # nothing mixed, nothing written
+    assert not config.layout.summary.exists()  # nothing mixed, nothing written
 
 
 def test_collect_names_every_stale_fit(project: Path, session_cache: Path) -> None:
@@ -285,7 +285,7 @@ def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, sessio
     """After a sweep: batch manifests and the compile stamp exist, each newer than its inputs."""
     config = config_from_dict(settings(project, session_cache))
     write_json(compile_stamp_path(config), run_compile(config))
-    manifests = min(p.stat().st_mtime for p in (config.results_dir / "batches").glob("*.json"))
+    manifests = min(p.stat().st_mtime for p in config.layout.batches.glob("*.json"))
     os.utime(compile_stamp_path(config), (manifests - 1, manifests - 1))  # written before the fits
     for path in [project / "model.py", *(project / "data").glob("*.csv")]:
         os.utime(path, (manifests - 2, manifests - 2))

@@ -513,7 +513,7 @@ def test_a_badly_sampling_dataset_is_a_warning_with_its_diagnostics(tmp_path: Pa
     assert (report.n_ok, report.n_warning, report.n_failed) == (3, 1, 0)
     assert report.warning_ids == ["tiny"]
 
-    summary = pd.read_csv(config.summary_path)
+    summary = pd.read_csv(config.layout.summary)
     health = summary.groupby("dataset")[["divergences", "max_r_hat", "min_ess_bulk", "status"]].agg(
         lambda column: column.drop_duplicates().item())
     assert health.notna().all().all(), health
@@ -664,7 +664,7 @@ def test_fuzzed_datasets_fail_only_with_batchfit_errors_naming_the_dataset(fuzz:
         fuzz.sweeps[dataset_id] = (config, None)
         return
     fuzz.sweeps[dataset_id] = (config, outcome)
-    fit, failure = config.fit_path(dataset_id), config.failure_path(dataset_id)
+    fit, failure = config.layout.fit(dataset_id), config.layout.failure(dataset_id)
     if outcome.status == "ok":
         assert fit.is_file() and not failure.exists()
         assert posterior_arrays(fit)
@@ -701,7 +701,7 @@ def test_sampler_and_writer_failures_name_dataset_and_file(fuzz: Fuzz, dataset_i
     outcome = fit_batch(config, [dataset_id], batch_id="deep").outcomes[0]
     assert (outcome.status, outcome.stage) == ("failed", stage), outcome
     assert all(f in outcome.message for f in fragments), outcome.message
-    assert not config.fit_path(dataset_id).exists()
+    assert not config.layout.fit(dataset_id).exists()
 
 
 #: check_model compiles the model's sampler functions each time (seconds): check this many fuzzed sweeps

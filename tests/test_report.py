@@ -294,8 +294,8 @@ def vector_sweep(fits: Config, root: Path, ids: Sequence[str], *, refit: bool = 
         assert report.n_failed == 0, report.outcomes
     else:
         for dataset_id in ids:
-            config.fit_path(dataset_id).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(fits.fit_path(dataset_id), config.fit_path(dataset_id))
+            config.layout.fit(dataset_id).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(fits.layout.fit(dataset_id), config.layout.fit(dataset_id))
     collect(config, list(ids))
     return config
 
@@ -304,7 +304,7 @@ def fit_elements(config: Config, ids: Sequence[str], name: str) -> dict[str, xr.
     """Each dataset's draws of each element of `name`, read from its fit and labelled as forest rows are."""
     draws = {}
     for dataset_id in ids:
-        with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+        with xr.open_datatree(config.layout.fit(dataset_id)) as tree:
             var = tree["posterior"][name].load()
         dims = [d for d in var.dims if d not in ("chain", "draw")]
         if not dims:
@@ -330,7 +330,7 @@ def forest_files(config: Config) -> list[str]:
 def health_cells(config: Config, n_datasets: int) -> str:
     """The health table's row the page must show, as pandas counts summary.csv's datasets: ok, warning,
     failed, total (checked to be `n_datasets`)."""
-    datasets = pd.read_csv(config.summary_path).drop_duplicates("dataset")
+    datasets = pd.read_csv(config.layout.summary).drop_duplicates("dataset")
     assert len(datasets) == n_datasets
     counts = [int((datasets["status"] == status).sum()) for status in ("ok", "warning", "failed")]
     return "".join(f"<td>{n}</td>" for n in [*counts, n_datasets])
@@ -347,7 +347,7 @@ def test_a_model_without_a_scalar_parameter_gets_forest_plots_of_its_vector_and_
     config = vector_sweep(vector_fits, tmp_path, list(VECTOR_GROUPS))
     write_plots(config)
     assert forest_files(config) == ["L.png", "a.png"]
-    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    rows = forest_rows(config.layout.posteriors, config.report, config.summary)
     assert list(rows) == ["a", "L"]
     for name, variable_rows in rows.items():
         assert_rows_are_arviz(variable_rows, fit_elements(config, list(VECTOR_GROUPS), name), config.summary)
@@ -370,13 +370,13 @@ def test_a_sweep_keeping_only_deterministics_gets_its_plots_and_pages(vector_fit
     with caplog.at_level(logging.WARNING, logger="batchfit"):
         write_plots(config)
     assert forest_files(config) == [f"{name}.png" for name in drawn]
-    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    rows = forest_rows(config.layout.posteriors, config.report, config.summary)
     assert list(rows) == drawn
     for name in drawn:
         assert_rows_are_arviz(rows[name], fit_elements(config, list(VECTOR_GROUPS), name), config.summary)
     if not drawn:
         assert "no forest plot: posteriors.nc holds no variable" in caplog.text
-    assert pd.read_csv(config.summary_path)["dataset"].drop_duplicates().tolist() == list(VECTOR_GROUPS)
+    assert pd.read_csv(config.layout.summary)["dataset"].drop_duplicates().tolist() == list(VECTOR_GROUPS)
     write_report_pages(config)
     assert health_cells(config, 3) in health_page(config)
 
@@ -385,17 +385,17 @@ def test_a_sweep_of_a_single_dataset_gets_its_plots_and_pages(vector_fits, tmp_p
     config = vector_sweep(vector_fits, tmp_path, ["s3"])
     write_plots(config)
     assert forest_files(config) == ["L.png", "a.png"]
-    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    rows = forest_rows(config.layout.posteriors, config.report, config.summary)
     for name in ("a", "L"):
         assert_rows_are_arviz(rows[name], fit_elements(config, ["s3"], name), config.summary)
     write_report_pages(config)
     assert health_cells(config, 1) in health_page(config)
     report = config.results_dir / "report"
-    with xr.open_datatree(config.fit_path("s3")) as tree:
+    with xr.open_datatree(config.layout.fit("s3")) as tree:
         sampled = tree.attrs["created_at"]
     assert f"<td>first fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
     assert f"<td>last fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
-    summary, summary_html = pd.read_csv(config.summary_path), (report / "summary.html").read_text()
+    summary, summary_html = pd.read_csv(config.layout.summary), (report / "summary.html").read_text()
     assert summary_html.count("<tr class=") == len(summary) == 4 + 8 + 4 + 1  # a, L, a_centered, a_range
     assert all(f"<td>s3</td><td>{parameter}</td>" in summary_html for parameter in summary["parameter"])
 
@@ -408,20 +408,20 @@ def test_variables_whose_dims_differ_between_datasets_are_drawn_at_each_datasets
     `report.var_names`, it is not drawn and the plots log says why; the others are."""
     ids = list(VECTOR_GROUPS)
     config = vector_sweep(vector_fits, tmp_path, ids, report={"var_names": ["a", "a_centered", "L"]})
-    with xr.open_datatree(config.fit_path("s1")) as tree:
+    with xr.open_datatree(config.layout.fit("s1")) as tree:
         odd = tree.load().to_dict()
     odd["/posterior"]["a_centered"] = odd["/posterior"]["a_centered"].rename(groups="levels")
-    config.fit_path("s1").unlink()
-    xr.DataTree.from_dict(odd).to_netcdf(config.fit_path("s1"), engine="netcdf4")
+    config.layout.fit("s1").unlink()
+    xr.DataTree.from_dict(odd).to_netcdf(config.layout.fit("s1"), engine="netcdf4")
     collect(config, ids)
-    with xr.open_datatree(config.posteriors_path) as tree:
+    with xr.open_datatree(config.layout.posteriors) as tree:
         assert "a_centered" in json.loads(tree.attrs["excluded_variables"])
         assert tree["posterior"]["groups"].values.tolist() == ["g0", "g1", "g2", "g3", "g4"]
     with caplog.at_level(logging.WARNING, logger="batchfit"):
         write_plots(config)
     assert forest_files(config) == ["L.png", "a.png"]
     assert "no forest plot of a_centered" in caplog.text
-    rows = forest_rows(config.posteriors_path, config.report, config.summary)
+    rows = forest_rows(config.layout.posteriors, config.report, config.summary)
     assert list(rows) == ["a", "L"]
     for name in rows:
         assert_rows_are_arviz(rows[name], fit_elements(config, ids, name), config.summary)

@@ -24,7 +24,7 @@ from scipy import stats
 from batchfit.config import Config, config_from_dict
 from batchfit.sweep.sbc.ranks import rank_simulations
 from batchfit.sweep.sbc.simulate import simulate
-from batchfit.sweep.sbc.sweep import data_paths, sbc_config, sbc_root, truth_path
+from batchfit.sweep.sbc.sweep import data_paths, sbc_config
 from batchfit.sweep.stages import run_fit, run_sbc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def _with_n(config: Config, n: int) -> Config:
 
 def _fit_stamps(config: Config) -> dict[str, int]:
     """Modification time of every simulated fit: a refit changes it."""
-    return {p.stem: p.stat().st_mtime_ns for p in (sbc_root(config) / "fits").glob("*.nc")}
+    return {p.stem: p.stat().st_mtime_ns for p in (config.layout.sbc.root / "fits").glob("*.nc")}
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def test_correct_model_passes_and_simulations_follow_the_prior(tmp_path: Path, s
     assert result.passed, result.verdict()
     assert result.verdict().startswith("SBC PASS: 40 of 40 simulations fitted, ranks among 200 draws")
     # The true values are prior draws and the data are drawn given them (checked against scipy).
-    truths = [json.loads(truth_path(config, s).read_text())["truth"] for s in data_paths(config)]
+    truths = [json.loads(config.layout.sbc.truth(s).read_text())["truth"] for s in data_paths(config)]
     mu = np.array([t["mu"] for t in truths])
     sigma = np.array([t["sigma"] for t in truths])
     assert stats.kstest(mu, stats.norm(0, 1).cdf).pvalue > 0.01
@@ -115,15 +115,15 @@ def test_correct_model_passes_and_simulations_follow_the_prior(tmp_path: Path, s
                         for p, m, s in zip(data_paths(config).values(), mu, sigma, strict=True)])
     assert stats.kstest(z, stats.norm.cdf).pvalue > 0.01
     # ranks.csv holds the rank of each truth among the thinned draws of its fit.
-    ranks = pd.read_csv(sbc_root(config) / "ranks.csv")
+    ranks = pd.read_csv(config.layout.sbc.ranks_csv)
     assert len(ranks) == 80 and set(ranks["parameter"]) == {"mu", "sigma"}
     row = ranks[(ranks["simulation"] == "sim-00003") & (ranks["parameter"] == "sigma")].iloc[0]
-    with xr.open_dataset(sbc_root(config) / "fits" / "sim-00003.nc", group="posterior") as post:
+    with xr.open_dataset(config.layout.sbc.root / "fits" / "sim-00003.nc", group="posterior") as post:
         draws = post["sigma"].isel(draw=slice(None, None, 2)).values.ravel()
     assert row["rank"] == int((draws < truths[3]["sigma"]).sum())
-    tree = xr.open_datatree(sbc_root(config) / "ranks.nc")
+    tree = xr.open_datatree(config.layout.sbc.root / "ranks.nc")
     assert tree["prior_sbc"]["sigma"].shape == (1, 40)
-    assert (sbc_root(config) / "plots" / "sigma.png").stat().st_size > 1000
+    assert (config.layout.sbc.root / "plots" / "sigma.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -131,11 +131,11 @@ def test_simulator_with_twice_the_noise_fails_clearly(tmp_path: Path, session_ca
     config = _config(tmp_path, session_cache, 30, simulator_scale="2 * sigma")
     result = run_sbc(config, threads=2)
     assert not result.passed
-    verdict = (sbc_root(config) / "verdict.txt").read_text()
+    verdict = (config.layout.sbc.root / "verdict.txt").read_text()
     assert verdict.startswith("SBC FAIL: 30 of 30 simulations fitted") and "non-uniform ranks: sigma" in verdict
     table = result.table.set_index("parameter")
     assert table.loc["sigma", "outside_band"] and table.loc["sigma", "pot_c_p_value"] < 1e-3
-    ranks = pd.read_csv(sbc_root(config) / "ranks.csv").query("parameter == 'sigma'")["rank"]
+    ranks = pd.read_csv(config.layout.sbc.ranks_csv).query("parameter == 'sigma'")["rank"]
     assert ranks.median() < 20  # the truth lies below almost every draw: the fit sees twice the noise
 
 
@@ -153,8 +153,8 @@ def test_failed_simulated_fits_are_counted(tmp_path: Path, session_cache: Path) 
     assert sorted(result.failed) == ["sim-00003", "sim-00007"] and not result.passed
     assert "2 of 12 simulated fit(s) failed (sim-00003, sim-00007" in result.verdict()
     assert result.verdict().startswith("SBC FAIL: 10 of 12 simulations fitted")
-    assert set(pd.read_csv(sbc_root(config) / "ranks.csv")["simulation"]) == set(paths) - {"sim-00003", "sim-00007"}
-    failed = pd.read_csv(sbc_root(config) / "failed_simulations.csv")
+    assert set(pd.read_csv(config.layout.sbc.ranks_csv)["simulation"]) == set(paths) - {"sim-00003", "sim-00007"}
+    failed = pd.read_csv(config.layout.sbc.root / "failed_simulations.csv")
     assert list(failed["simulation"]) == ["sim-00003", "sim-00007"] and failed["message"].str.contains("oops").all()
 
 
@@ -165,7 +165,7 @@ def test_more_simulations_fit_only_the_new_ones_and_a_killed_run_resumes(tmp_pat
     run_sbc(config)
     before = _fit_stamps(config)
     data_before = {s: p.read_bytes() for s, p in data_paths(config).items()}
-    manifests = set((sbc_root(config) / "batches").glob("*.json"))
+    manifests = set((config.layout.sbc.root / "batches").glob("*.json"))
 
     more = _with_n(config, 15)
     result = run_sbc(more)
@@ -173,18 +173,18 @@ def test_more_simulations_fit_only_the_new_ones_and_a_killed_run_resumes(tmp_pat
     after = _fit_stamps(more)
     assert {s for s in after if after[s] != before.get(s)} == {f"sim-{i:05d}" for i in range(10, 15)}
     assert all(data_paths(config)[s].read_bytes() == b for s, b in data_before.items())
-    [new] = set((sbc_root(config) / "batches").glob("*.json")) - manifests
+    [new] = set((config.layout.sbc.root / "batches").glob("*.json")) - manifests
     assert sorted(json.loads(new.read_text())["datasets"]) == [f"sim-{i:05d}" for i in range(10, 15)]
 
     # A run killed after simulating sim-00004 again (its truth file not yet written) and before
     # fitting sim-00002: the re-run redraws sim-00004 identically, so only sim-00002 is fitted.
-    truth_path(more, "sim-00004").unlink()
-    (sbc_root(more) / "fits" / "sim-00002.nc").unlink()
+    more.layout.sbc.truth("sim-00004").unlink()
+    (more.layout.sbc.root / "fits" / "sim-00002.nc").unlink()
     data4 = data_paths(more)["sim-00004"].read_bytes()
     run_sbc(more)
     final = _fit_stamps(more)
     assert {s for s in final if final[s] != after.get(s)} == {"sim-00002"}
-    assert data_paths(more)["sim-00004"].read_bytes() == data4 and truth_path(more, "sim-00004").exists()
+    assert data_paths(more)["sim-00004"].read_bytes() == data4 and more.layout.sbc.truth("sim-00004").exists()
 
 
 def _template_levels(root: Path, columns: dict) -> list[str]:
@@ -210,18 +210,18 @@ def test_a_template_that_lacks_some_of_the_sweeps_labels(tmp_path: Path, session
     assert len(levels) == (4 if columns.get("group", {}).get("scope") == "dataset" else 10)
     result = run_sbc(config, threads=2)
     assert sorted(result.fitted) == list(data_paths(config)) and not result.failed
-    ranks = pd.read_csv(sbc_root(config) / "ranks.csv").set_index(["simulation", "parameter"])["rank"]
+    ranks = pd.read_csv(config.layout.sbc.ranks_csv).set_index(["simulation", "parameter"])["rank"]
     assert set(ranks.index.get_level_values("parameter")) == {f"z[{g}]" for g in levels}
-    tree = xr.open_datatree(sbc_root(config) / "ranks.nc")
+    tree = xr.open_datatree(config.layout.sbc.root / "ranks.nc")
     assert tree["prior_sbc"]["z"].shape == (1, 4, len(levels)) and list(tree["prior_sbc"]["groups"].values) == levels
     for sim, path in data_paths(config).items():
-        truth = np.array(json.loads(truth_path(config, sim).read_text())["truth"]["z"])
+        truth = np.array(json.loads(config.layout.sbc.truth(sim).read_text())["truth"]["z"])
         assert truth.shape == (len(levels),)
         # The simulator's z[i] belongs to label levels[i]: each group's rows sit around it (noise 0.1).
         means = pd.read_csv(path, dtype={"group": str}).groupby("group")["y"].mean()
         assert sorted(means.index) == sorted(TEMPLATE_GROUPS)
         assert all(abs(truth[levels.index(g)] - mean) < 0.3 for g, mean in means.items())
-        with xr.open_dataset(sbc_root(config) / "fits" / f"{sim}.nc", group="posterior") as post:
+        with xr.open_dataset(config.layout.sbc.root / "fits" / f"{sim}.nc", group="posterior") as post:
             assert list(post["groups"].values) == levels
             for g in levels:  # the rank of each label's truth among the thinned draws of that label
                 draws = post["z"].sel(groups=g).isel(draw=slice(None, None, 2)).values.ravel()

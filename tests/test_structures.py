@@ -116,7 +116,7 @@ def pymc_reference(config, dataset_id: str, **sample) -> xr.Dataset:
 
 
 def attrs_and_posterior(config, dataset_id: str) -> tuple[dict, xr.Dataset]:
-    with xr.open_datatree(config.fit_path(dataset_id)) as tree:
+    with xr.open_datatree(config.layout.fit(dataset_id)) as tree:
         return dict(tree.attrs), tree["posterior"].to_dataset().load()
 
 
@@ -285,7 +285,7 @@ def test_a_model_with_only_discrete_free_variables_is_fitted_and_records_no_dive
     attrs, posterior = attrs_and_posterior(config, "d")
     assert attrs["sampler_path"] == "pymc"
     assert_same_posterior(posterior, pymc_reference(config, "d", nuts_sampler=None, cores=1), label="d")
-    with xr.open_datatree(config.fit_path("d")) as tree:  # collect counts divergences from it
+    with xr.open_datatree(config.layout.fit("d")) as tree:  # collect counts divergences from it
         assert not tree["sample_stats"]["diverging"].values.any()
 
 

@@ -26,6 +26,7 @@ import jsonschema
 import yaml
 
 from batchfit.errors import ConfigError
+from batchfit.layout import ResultsLayout
 
 DICT_SOURCE = "<dict>"
 AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.sweep.plan.batch_size`)
@@ -171,32 +172,10 @@ class Config:
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
 
-    def fit_path(self, dataset_id: str) -> Path:
-        """Where the posterior of one dataset is written."""
-        return self.results_dir / "fits" / f"{dataset_id}.nc"
-
-    def failure_path(self, dataset_id: str) -> Path:
-        """Where the failure record of one dataset is written."""
-        return self.results_dir / "failures" / f"{dataset_id}.json"
-
-    def batch_manifest_path(self, batch_id: str) -> Path:
-        """Where the manifest of one batch of datasets is written."""
-        return self.results_dir / "batches" / f"{batch_id}.json"
-
     @property
-    def posteriors_path(self) -> Path:
-        """The combined posterior of all datasets."""
-        return self.results_dir / "posteriors.nc"
-
-    @property
-    def summary_path(self) -> Path:
-        """The per-dataset summary table."""
-        return self.results_dir / "summary.csv"
-
-    @property
-    def failures_csv_path(self) -> Path:
-        """The table of datasets that failed."""
-        return self.results_dir / "failures.csv"
+    def layout(self) -> ResultsLayout:
+        """Every path under `results_dir` (`batchfit.layout`)."""
+        return ResultsLayout(self.results_dir)
 
     def sampler_dict(self) -> dict[str, int | float]:
         """Sampler settings as a plain dict, recorded as attributes in the outputs."""

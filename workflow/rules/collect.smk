@@ -3,9 +3,9 @@ rule collect:
     input:
         batch_manifests,
     output:
-        posteriors=RESULTS / "posteriors.nc",
-        summary=RESULTS / "summary.csv",
-        failures=RESULTS / "failures.csv",
+        posteriors=LAYOUT.posteriors,
+        summary=LAYOUT.summary,
+        failures=LAYOUT.failures_csv,
     params:
         config_source=CONFIG_SOURCE,
     # Summarising many new fits goes faster in several processes: the sweep's cores on one
@@ -13,9 +13,9 @@ rule collect:
     # --set-threads collect=N says otherwise.
     threads: lambda wildcards: total_cores() or 1
     log:
-        RESULTS / "logs" / "collect.log",
+        LAYOUT.log("collect"),
     benchmark:
-        RESULTS / "benchmarks" / "collect.tsv"
+        LAYOUT.benchmark("collect")
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -32,7 +32,7 @@ rule status:
     input:
         rules.collect.output.failures,
     output:
-        touch(RESULTS / "status.ok"),
+        touch(LAYOUT.status_ok),
     # A run with failures still gets its report: the report's jobs (workflow/rules/report.smk)
     # are ready when this one is, and the lower priority makes Snakemake start them first; once
     # a job fails it starts no other but lets the running ones finish. So status runs beside
@@ -41,9 +41,9 @@ rule status:
     params:
         config_source=CONFIG_SOURCE,
     log:
-        RESULTS / "logs" / "status.log",
+        LAYOUT.log("status"),
     benchmark:
-        RESULTS / "benchmarks" / "status.tsv"
+        LAYOUT.benchmark("status")
     conda:
         "../envs/batchfit.yaml"
     script:

@@ -8,7 +8,7 @@ from batchfit.compat import end_snakemake_rate_timers
 from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
-from batchfit.sweep.sbc.sweep import sbc_config, sbc_root, template, template_sweep_coding
+from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
@@ -16,7 +16,7 @@ CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>
 # and check the model file; Snakemake's validate then fills the defaults in for the jobs.
 BF = snakemake_config(config, CONFIG_SOURCE)
 validate(config, "../schemas/config.schema.yaml")
-RESULTS = BF.results_dir
+LAYOUT = BF.layout
 COMPILED = compile_stamp_path(BF)
 
 
@@ -102,11 +102,11 @@ def batch_members(wildcards):
     try:
         return sweep().batches[wildcards.batch]
     except KeyError:
-        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({RESULTS / 'plan.json'})")
+        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({LAYOUT.plan})")
 
 
 def batch_manifests(wildcards):
-    return [str(BF.batch_manifest_path(b)) for b in sweep().batches]
+    return [str(BF.layout.batch_manifest(b)) for b in sweep().batches]
 
 
 def fit_resource(name):
@@ -117,7 +117,7 @@ def fit_resource(name):
 
 # Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
 
-SBC = sbc_root(BF)
+SBC = BF.layout.sbc
 SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
                 "simulator": str(BF.sbc.simulator or BF.model)}
 

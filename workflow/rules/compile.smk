@@ -11,9 +11,9 @@ rule compile:
     output:
         COMPILED,
     log:
-        RESULTS / "logs" / "compile.log",
+        LAYOUT.log("compile"),
     benchmark:
-        RESULTS / "benchmarks" / "compile.tsv"
+        LAYOUT.benchmark("compile")
     # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).
     threads: 2
     resources:

@@ -12,11 +12,11 @@ rule fit:
         model=str(BF.model),
         data=batch_datasets,
     output:
-        RESULTS / "batches" / "{batch}.json",
+        LAYOUT.batch_manifest("{batch}"),
     log:
-        RESULTS / "logs" / "fit" / "{batch}.log",
+        LAYOUT.fit_log("{batch}"),
     benchmark:
-        RESULTS / "benchmarks" / "fit" / "{batch}.tsv"
+        LAYOUT.benchmark("fit/{batch}")
     params:
         config_source=CONFIG_SOURCE,
         datasets=batch_members,

@@ -8,7 +8,7 @@ report: "../report/workflow.rst"
 
 # An SBC run's PNG plots (results_dir/sbc/**/*.png), found when the Snakefile is parsed: the
 # report shows them when a run has made them, and this workflow needs none of the SBC code.
-SBC_PLOTS = sorted(map(str, (RESULTS / "sbc").glob("**/*.png")))
+SBC_PLOTS = sorted(map(str, LAYOUT.sbc.root.glob("**/*.png")))
 
 
 rule plots:
@@ -18,13 +18,13 @@ rule plots:
         summary=rules.collect.output.summary,
     output:
         health=report(
-            RESULTS / "plots" / "health.png",
+            LAYOUT.health_plot,
             caption="../report/health.rst",
             category="1. Health",
             labels={"view": "bar charts"},
         ),
         forest=report(
-            directory(RESULTS / "plots" / "forest"),
+            directory(LAYOUT.forest_plots),
             patterns=["{name}.png"],
             caption="../report/forest.rst",
             category="2. Forest plots",
@@ -34,9 +34,9 @@ rule plots:
         config_source=CONFIG_SOURCE,
         settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
     log:
-        RESULTS / "logs" / "plots.log",
+        LAYOUT.log("plots"),
     benchmark:
-        RESULTS / "benchmarks" / "plots.tsv"
+        LAYOUT.benchmark("plots")
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -52,25 +52,25 @@ rule report_pages:
         model=str(BF.model),
     output:
         health=report(
-            RESULTS / "report" / "health.html",
+            LAYOUT.report_pages / "health.html",
             caption="../report/health_table.rst",
             category="1. Health",
             labels={"view": "warnings and failures"},
         ),
         summary=report(
-            RESULTS / "report" / "summary.html",
+            LAYOUT.report_pages / "summary.html",
             caption="../report/summary.rst",
             category="3. Tables",
             labels={"table": "diagnostics (summary.csv)"},
         ),
         failures=report(
-            RESULTS / "report" / "failures.html",
+            LAYOUT.report_pages / "failures.html",
             caption="../report/failures.rst",
             category="3. Tables",
             labels={"table": "failures (failures.csv)"},
         ),
         provenance=report(
-            RESULTS / "report" / "provenance.html",
+            LAYOUT.report_pages / "provenance.html",
             caption="../report/provenance.rst",
             category="5. Provenance",
             labels={"page": "versions, model, config, cache keys, dates"},
@@ -78,9 +78,9 @@ rule report_pages:
     params:
         config_source=CONFIG_SOURCE,
     log:
-        RESULTS / "logs" / "report_pages.log",
+        LAYOUT.log("report_pages"),
     benchmark:
-        RESULTS / "benchmarks" / "report_pages.tsv"
+        LAYOUT.benchmark("report_pages")
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -93,16 +93,16 @@ rule sbc_plots:
         SBC_PLOTS,
     output:
         report(
-            directory(RESULTS / "plots" / "sbc"),
+            directory(LAYOUT.sbc_plots_in_report),
             patterns=["{name}.png"],
             caption="../report/sbc.rst",
             category="4. Simulation-based calibration",
             labels={"plot": "{name}"},
         ),
     params:
-        sbc_dir=RESULTS / "sbc",
+        sbc_dir=LAYOUT.sbc.root,
     log:
-        RESULTS / "logs" / "sbc_plots.log",
+        LAYOUT.log("sbc_plots"),
     conda:
         "../envs/batchfit.yaml"
     script:

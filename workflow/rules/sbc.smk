@@ -8,7 +8,7 @@ checkpoint sbc_simulate:
         simulator=str(BF.sbc.simulator or BF.model),
         template=str(template(BF)[1]),
     output:
-        SBC / "simulations.json",
+        SBC.simulations,
     params:
         config_source=CONFIG_SOURCE,
         settings=SBC_SETTINGS,
@@ -16,7 +16,7 @@ checkpoint sbc_simulate:
         # changes the model the simulations are drawn from (simulate redraws only what it changes).
         coding=lambda wildcards: template_sweep_coding(BF),
     log:
-        SBC / "logs" / "simulate.log",
+        SBC.log("simulate"),
     conda:
         "../envs/batchfit.yaml"
     script:
@@ -30,9 +30,9 @@ rule sbc_fit:
         model=str(BF.model),
         data=lambda wildcards: [str(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
     output:
-        SBC / "batches" / "{batch}.json",
+        SBC.batch_manifest("{batch}"),
     log:
-        SBC / "logs" / "fit" / "{batch}.log",
+        SBC.fit_log("{batch}"),
     params:
         config_source=CONFIG_SOURCE,
         datasets=lambda wildcards: sbc_plan().batches[wildcards.batch],
@@ -48,21 +48,21 @@ rule sbc_fit:
 rule sbc:
     """Ranks, the uniformity test, the verdict line and one plot per parameter."""
     input:
-        simulations=SBC / "simulations.json",
+        simulations=SBC.simulations,
         # Not read here: listed so that Snakemake sees the compile from the start and runs it beside
         # the simulation checkpoint; otherwise it appears only after the checkpoint and waits for it.
         compiled=rules.compile.output[0],
-        batches=lambda wildcards: [str(SBC / "batches" / f"{b}.json") for b in sbc_plan().batches],
+        batches=lambda wildcards: [str(SBC.batch_manifest(b)) for b in sbc_plan().batches],
     output:
-        ranks=SBC / "ranks.csv",
-        ranks_nc=SBC / "ranks.nc",
-        uniformity=SBC / "uniformity.csv",
-        verdict=SBC / "verdict.txt",
+        ranks=SBC.ranks_csv,
+        ranks_nc=SBC.ranks_nc,
+        uniformity=SBC.uniformity,
+        verdict=SBC.verdict,
     params:
         config_source=CONFIG_SOURCE,
         settings={"thin": BF.sbc.thin, "envelope_prob": BF.sbc.envelope_prob},
     log:
-        SBC / "logs" / "ranks.log",
+        SBC.log("ranks"),
     conda:
         "../envs/batchfit.yaml"
     script:

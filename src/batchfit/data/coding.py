@@ -40,18 +40,12 @@ from batchfit.errors import BatchfitError, ConfigError, DatasetError
 log = logging.getLogger("batchfit")
 
 
-REGISTRY_NAME = "coding.json"
 
 
 _FORMAT = 1
 
 
 _DEFAULT = ColumnSettings()
-
-
-def registry_path(config: Config) -> Path:
-    """Where the sweep's label levels are kept."""
-    return Path(config.results_dir) / REGISTRY_NAME
 
 
 def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, record: bool = True) -> Coding:
@@ -67,7 +61,7 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
 
 
     paths = discover_datasets(config) if paths is None else paths
-    path = registry_path(config)
+    path = config.layout.coding_registry
     if not record or not path.parent.is_dir():
         registry = _read_registry(path)
         _update(registry, config, paths)
@@ -94,7 +88,7 @@ def write_planned(config: Config) -> None:
     first fit job the same scan, which the other jobs waited for behind the registry's lock.
     Not over a registry some process wrote meanwhile (the jobs update that one as always).
     """
-    path = registry_path(config)
+    path = config.layout.coding_registry
     registry = _planned.pop(path, None)
     if registry is None or not path.parent.is_dir():
         return

@@ -30,7 +30,7 @@ from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.lanes import LANE_STAGE, lanes
 from batchfit.fitting.outcome import BatchReport, Outcome, hint, record_failed, write_manifest
-from batchfit.fitting.provenance import Provenance, record, sidecar_path
+from batchfit.fitting.provenance import Provenance, record
 
 log = logging.getLogger("batchfit")
 
@@ -46,7 +46,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     # The datasets first, so that a dataset's log lines (each starts with its id) are found by
     # `batchfit status --dataset` and by grep.
     log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
-    owned = (path for d in dataset_ids for path in (config.fit_path(d), config.failure_path(d)))
+    owned = (path for d in dataset_ids for path in (config.layout.fit(d), config.layout.failure(d)))
     stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
@@ -181,12 +181,12 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         job.stage = "write"
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
-        sidecar_path(config, job.id).unlink(missing_ok=True)
-        write_fit(tree, config.fit_path(job.id))
+        config.layout.sidecar(job.id).unlink(missing_ok=True)
+        write_fit(tree, config.layout.fit(job.id))
         record(config, job.id, job.provenance)
     except Exception as exc:  # noqa: BLE001 - as in `_prepare`
         return _failed(config, job, exc)
-    config.failure_path(job.id).unlink(missing_ok=True)
+    config.layout.failure(job.id).unlink(missing_ok=True)
     return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"])
 
 

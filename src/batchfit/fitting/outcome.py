@@ -11,7 +11,6 @@ from pathlib import Path
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.errors import DatasetError
-from batchfit.fitting.provenance import sidecar_path
 
 log = logging.getLogger("batchfit")
 
@@ -46,8 +45,8 @@ class BatchReport:
 def record_failed(config: Config, outcome: Outcome, path: Path | None) -> None:
     """Write a failed dataset's record and drop its fit from an older run, which is stale now."""
     record_failure(config, outcome, path)
-    config.fit_path(outcome.dataset).unlink(missing_ok=True)
-    sidecar_path(config, outcome.dataset).unlink(missing_ok=True)
+    config.layout.fit(outcome.dataset).unlink(missing_ok=True)
+    config.layout.sidecar(outcome.dataset).unlink(missing_ok=True)
 
 
 def hint(message: str) -> str:
@@ -62,7 +61,7 @@ def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
     """Write a dataset's failure record atomically (read by collect into failures.csv)."""
     record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
               "error_type": outcome.error_type, "message": outcome.message, "traceback": outcome.traceback}
-    with atomic_path(config.failure_path(outcome.dataset)) as tmp:
+    with atomic_path(config.layout.failure(outcome.dataset)) as tmp:
         tmp.write_text(json.dumps(record, indent=1))
 
 
@@ -70,7 +69,7 @@ def write_manifest(config: Config, report: BatchReport) -> None:
     """Write the batch manifest (the fit rule's declared output) atomically."""
     data = {"batch": report.batch, "compile": report.compile,
             "datasets": {o.dataset: dataclasses.asdict(o) for o in report.outcomes}}
-    with atomic_path(config.batch_manifest_path(report.batch)) as tmp:
+    with atomic_path(config.layout.batch_manifest(report.batch)) as tmp:
         tmp.write_text(json.dumps(data, indent=1))
 
 

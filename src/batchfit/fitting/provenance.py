@@ -55,7 +55,6 @@ _NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py",
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.
 _RACY_SECONDS = 2.0
-DIGEST_CACHE_NAME = "data_sha256.json"
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bo
 
     sweep = sweep_parts(config)
     coding = sweep_coding(config, datasets, record=record)
-    cache = DigestCache(config.results_dir / DIGEST_CACHE_NAME)
+    cache = DigestCache(config.layout.data_digests)
     digests = {d: dataset_provenance(sweep, d, cache.sha256(path), coding.for_dataset(d)).digest
                for d, path in datasets.items()}
     if record:
@@ -213,15 +212,10 @@ def write_planned(config: Config) -> None:
     from batchfit.data.coding import write_planned as write_planned_coding
 
     write_planned_coding(config)
-    path = config.results_dir / DIGEST_CACHE_NAME
+    path = config.layout.data_digests
     digests = _planned_digests.pop(path, None)
     if digests is not None and path.parent.is_dir() and not path.exists():
         _write_digests(path, digests)
-
-
-def sidecar_path(config: Config, dataset_id: str) -> Path:
-    """The small JSON beside a fit that records its digest, read by the plan instead of the fit."""
-    return config.fit_path(dataset_id).with_suffix(".json")
 
 
 def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
@@ -231,10 +225,10 @@ def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
     then ignored (the fit is read), while a temporary left by a killed job beside a complete
     fit would never be cleaned up (the dataset is not pending, so no job owns it).
     """
-    stat = config.fit_path(dataset_id).stat()
+    stat = config.layout.fit(dataset_id).stat()
     data = {"dataset": dataset_id, "provenance": provenance.digest, "fit_size": stat.st_size,
             "fit_mtime_ns": stat.st_mtime_ns}
-    sidecar_path(config, dataset_id).write_text(json.dumps(data, indent=1))
+    config.layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
 
 
 def fit_digest(path: str | Path) -> str | None:
@@ -251,13 +245,13 @@ def recorded_digest(config: Config, dataset_id: str) -> str | None:
     A fit replaced by other means than batchfit (copied, restored from a backup) no longer
     matches its sidecar's size and modification time and is read itself.
     """
-    fit = config.fit_path(dataset_id)
+    fit = config.layout.fit(dataset_id)
     try:
         stat = fit.stat()
     except FileNotFoundError:
         return None
     try:
-        side = json.loads(sidecar_path(config, dataset_id).read_text())
+        side = json.loads(config.layout.sidecar(dataset_id).read_text())
         if [side["fit_size"], side["fit_mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
             return side["provenance"]
     except (OSError, ValueError, TypeError, KeyError):

@@ -26,6 +26,7 @@ from batchfit.common.atomic import atomic_path
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
+from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import (
     SweepLayout,
     no_chunk_cache,
@@ -57,18 +58,8 @@ class CollectConfig(Protocol):
     health: HealthThresholds
     summary: SummarySettings
 
-    def fit_path(self, dataset_id: str) -> Path: ...
-
-    def failure_path(self, dataset_id: str) -> Path: ...
-
     @property
-    def posteriors_path(self) -> Path: ...
-
-    @property
-    def summary_path(self) -> Path: ...
-
-    @property
-    def failures_csv_path(self) -> Path: ...
+    def layout(self) -> ResultsLayout: ...
 
 
 @dataclass(frozen=True)
@@ -111,49 +102,35 @@ def collect(
     config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None,
     workers: int | SummaryHelpers = 1,
 ) -> CollectReport:
-    """Collect the sweep's fits using the paths and health thresholds of a `Config`.
+    """Collect the sweep's fits using the layout, health thresholds and summary settings of a `Config`.
 
     ``expected_provenance`` (dataset id -> digest, `batchfit.fitting.provenance.expected_digests`) is
     what the current config gives; a fit that recorded another digest is an error (see
     `collect_fits`). The sweep (`batchfit.sweep.stages.run_collect`) always passes it, and helper
     processes it started early for ``workers``.
     """
-    return collect_fits(
-        dataset_ids,
-        fit_path=config.fit_path,
-        failure_path=config.failure_path,
-        posteriors_path=config.posteriors_path,
-        summary_path=config.summary_path,
-        failures_csv_path=config.failures_csv_path,
-        thresholds=config.health,
-        summary=config.summary,
-        expected_provenance=expected_provenance,
-        cache_dir=config.results_dir / "summaries",
-        workers=workers,
-    )
+    return collect_fits(dataset_ids, fits=config.layout, thresholds=config.health, summary=config.summary,
+                        expected_provenance=expected_provenance, workers=workers)
 
 
 def collect_fits(
     dataset_ids: Sequence[str],
     *,
-    fit_path: Callable[[str], Path],
-    failure_path: Callable[[str], Path],
-    posteriors_path: Path,
-    summary_path: Path,
-    failures_csv_path: Path,
+    fits: ResultsLayout,
     thresholds: HealthThresholds,
+    out: ResultsLayout | None = None,
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
-    cache_dir: Path | None = None,
     workers: int | SummaryHelpers = 1,
 ) -> CollectReport:
-    """Write summary.csv, posteriors.nc and failures.csv for `dataset_ids`.
+    """Write summary.csv, posteriors.nc and failures.csv of `out` (default: `fits`) for `dataset_ids`,
+    whose fits and failure records are in `fits`.
 
     posteriors.nc (`batchfit.outputs.combined`) and summary.csv hold the variables `summary` selects;
     the status is scored on those `thresholds` selects (see `batchfit.model.variables`).
 
     Incremental: each fit's summary rows, divergences and layout are cached in
-    ``cache_dir/{id}.json`` (default ``summaries/`` beside summary.csv), keyed by the fit file's
+    ``summaries/{id}.json`` of `out`, keyed by the fit file's
     sha256 and every setting and code the summary depends on (`summary_key`); only fits without
     a matching entry are read and summarised (`CollectReport.summarised_ids`), shared out between
     this process and helpers when there are many (``workers``: processes at once, or helpers
@@ -168,10 +145,12 @@ def collect_fits(
     ``expected_provenance``, has a fit whose recorded provenance digest differs (it was made
     with other settings, another model or other data, and must not be mixed in).
     """
+    out = out or fits
+    fit_path, failure_path = fits.fit, fits.failure
     fitted, failed = _classify(dataset_ids, fit_path, failure_path)
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
-    cache = SummaryCache(Path(cache_dir or Path(summary_path).parent / "summaries"), summary, thresholds)
+    cache = SummaryCache(out.summaries, summary, thresholds)
     # Paths as text: 10,000 Path objects take ~10 MiB, and most of it stays with the process once
     # they are freed (collect's peak at 10,000 tiny fits, by hand: 183.5 -> 173.0 MiB)
     cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
@@ -180,7 +159,7 @@ def collect_fits(
     fallbacks: dict[str, list[str]] = {}
     stale: list[str] = []
     layout = SweepLayout()
-    with atomic_path(summary_path) as summary_tmp, atomic_path(posteriors_path) as posteriors_tmp:
+    with atomic_path(out.summary) as summary_tmp, atomic_path(out.posteriors) as posteriors_tmp:
         with open(summary_tmp, "w", newline="") as out:
             csv_out = csv.writer(out, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
             csv_out.writerow(columns)
@@ -208,8 +187,8 @@ def collect_fits(
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
         read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
     cache.clear_stage()
-    _keep_for_next_collect(Path(posteriors_path), cache.directory / PREVIOUS_POSTERIORS)
-    _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), failures_csv_path)
+    _keep_for_next_collect(out.posteriors, cache.directory / PREVIOUS_POSTERIORS)
+    _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), out.failures_csv)
     log.info("collect: summarised %d of %d fits (the others from %s), read %d posteriors from their fits",
              len(cache.summarised), len(fitted), cache.directory, len(read))
 
@@ -218,9 +197,9 @@ def collect_fits(
         n_ok=sum(status == "ok" for status in statuses.values()),
         n_warning=sum(status == "warning" for status in statuses.values()),
         n_failed=len(failures),
-        posteriors_path=Path(posteriors_path),
-        summary_path=Path(summary_path),
-        failures_path=Path(failures_csv_path),
+        posteriors_path=out.posteriors,
+        summary_path=out.summary,
+        failures_path=out.failures_csv,
         warning_ids=[d for d, status in statuses.items() if status == "warning"],
         failed_ids=list(failed),
         summarised_ids=[d for d in fitted if d in summarised],

@@ -49,10 +49,6 @@ _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
 FOREST_BLOCK = 256
 
 
-def plots_dir(config: Config) -> Path:
-    return config.results_dir / "plots"
-
-
 def dataset_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per dataset of summary.csv (its dataset-level columns), in summary.csv's order."""
     return summary.drop_duplicates("dataset")[DATASET_COLUMNS].reset_index(drop=True)
@@ -292,19 +288,19 @@ def plot_file_name(name: str) -> str:
 
 def write_plots(config: Config) -> list[Path]:
     """The `plots` rule: ``plots/health.png`` and ``plots/forest/{variable}.png``; returns the files written."""
-    out = plots_dir(config)
+    out = config.layout.plots
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "health.png"]
-    plot_health(read_health(config.summary_path, max_rows=0), written[0])
-    forest_dir = out / "forest"
+    written = [config.layout.health_plot]
+    plot_health(read_health(config.layout.summary, max_rows=0), written[0])
+    forest_dir = config.layout.forest_plots
     shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
     forest_dir.mkdir()
-    forests = forest_rows(config.posteriors_path, config.report, config.summary)
+    forests = forest_rows(config.layout.posteriors, config.report, config.summary)
     for name, rows in forests.items():
         written.append(forest_dir / plot_file_name(name))
         _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
     if not forests:
-        log.warning("plots: no forest plot: %s", nothing_to_draw(config.posteriors_path))
+        log.warning("plots: no forest plot: %s", nothing_to_draw(config.layout.posteriors))
     return written
 
 

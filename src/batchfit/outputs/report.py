@@ -205,20 +205,16 @@ def _version(name: str) -> str:
         return "not installed"
 
 
-def report_dir(config: Config) -> Path:
-    return config.results_dir / "report"
-
-
 def write_report_pages(config: Config) -> list[Path]:
     """The `report_pages` rule: health.html, summary.html, failures.html and provenance.html."""
-    failures = pd.read_csv(config.failures_csv_path)
+    failures = pd.read_csv(config.layout.failures_csv)
     pages = {
-        "health.html": health_page(read_health(config.summary_path, MAX_TABLE_ROWS), failures, config),
-        "summary.html": summary_page(config.summary_path),
+        "health.html": health_page(read_health(config.layout.summary, MAX_TABLE_ROWS), failures, config),
+        "summary.html": summary_page(config.layout.summary),
         "failures.html": failures_page(failures),
-        "provenance.html": provenance_page(config, config.posteriors_path),
+        "provenance.html": provenance_page(config, config.layout.posteriors),
     }
-    out = report_dir(config)
+    out = config.layout.report_pages
     out.mkdir(parents=True, exist_ok=True)
     for name, text in pages.items():
         with atomic_path(out / name) as tmp:

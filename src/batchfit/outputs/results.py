@@ -9,6 +9,7 @@ import pandas as pd
 import xarray as xr
 
 from batchfit.config import Config, load_config
+from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
 
 
@@ -39,7 +40,7 @@ class Results:
         selects); its attributes are the fit's.
         """
         if dataset_id not in self.dataset_ids:
-            raise KeyError(f"dataset {dataset_id!r} has no posterior in {self.results_dir / 'posteriors.nc'} "
+            raise KeyError(f"dataset {dataset_id!r} has no posterior in {ResultsLayout(self.results_dir).posteriors} "
                            f"(failed: {dataset_id in set(self.failures['dataset'])})")
         info = self.tree[DATASETS].to_dataset()
         posterior = dataset_posterior(self.tree[POSTERIOR].to_dataset(), info, dataset_id)
@@ -66,17 +67,17 @@ def open_results(config_or_path: Config | str | Path) -> Results:
     are read into DataFrames (missing values as NaN, text as written).
     """
     if isinstance(config_or_path, Config):
-        results_dir = config_or_path.results_dir
+        layout = config_or_path.layout
     elif Path(config_or_path).is_dir():
-        results_dir = Path(config_or_path)
+        layout = ResultsLayout(Path(config_or_path))
     else:
-        results_dir = load_config(config_or_path).results_dir
-    missing = [name for name in ("posteriors.nc", "summary.csv", "failures.csv") if not (results_dir / name).is_file()]
+        layout = load_config(config_or_path).layout
+    missing = [path.name for path in (layout.posteriors, layout.summary, layout.failures_csv) if not path.is_file()]
     if missing:
-        raise FileNotFoundError(f"{results_dir} has no {', '.join(missing)}: run collect first "
+        raise FileNotFoundError(f"{layout.root} has no {', '.join(missing)}: run collect first "
                                 "(snakemake, or batchfit collect --config ...)")
     read = {"keep_default_na": False, "na_values": [""]}
-    return Results(tree=xr.open_datatree(results_dir / "posteriors.nc"),
-                   summary=pd.read_csv(results_dir / "summary.csv", **read),
-                   failures=pd.read_csv(results_dir / "failures.csv", **read),
-                   results_dir=results_dir)
+    return Results(tree=xr.open_datatree(layout.posteriors),
+                   summary=pd.read_csv(layout.summary, **read),
+                   failures=pd.read_csv(layout.failures_csv, **read),
+                   results_dir=layout.root)

@@ -112,20 +112,15 @@ def untried_batch_id(config: Config, dataset_ids: Sequence[str], digests: Sequen
     has not seen done.
     """
     retry = 0
-    while config.batch_manifest_path(name := batch_id(dataset_ids, digests, retry)).exists():
+    while config.layout.batch_manifest(name := batch_id(dataset_ids, digests, retry)).exists():
         retry += 1
     return name
-
-
-def plan_path(config: Config) -> Path:
-    """Where a sweep's main Snakemake process records its plan for the sweep's jobs."""
-    return config.results_dir / "plan.json"
 
 
 def write_plan(config: Config, sweep: Plan) -> None:
     """Record the plan a sweep runs with (its main process does, once its jobs are decided), with
     what planning it computed before the results directory existed (`provenance.write_planned`)."""
-    write_json(plan_path(config), {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
+    write_json(config.layout.plan, {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
                                    "batches": sweep.batches})
     write_planned(config)
 
@@ -139,7 +134,7 @@ def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
     the main process scheduled, and ``collect`` would wait for manifests never written. So a
     job uses the recorded plan (`write_plan`) when there is one. ``cores``: as for `batch_size`.
     """
-    path = plan_path(config)
+    path = config.layout.plan
     if not job or not path.exists():
         return plan(config, cores)
     try:

@@ -121,18 +121,18 @@ def run_collect(config: Config, *, workers: int = 1) -> Any:
             if recorded is not None and recorded != expected[d]:
                 stale.append(d)
         if stale:
-            raise stale_fits_error(stale, n_fits, config.fit_path)
+            raise stale_fits_error(stale, n_fits, config.layout.fit)
         return collect(config, dataset_ids, expected_provenance=expected, workers=helpers)
 
 
 def failure_line(config: Config) -> str | None:
     """One line counting failed datasets, or None when every dataset was fitted."""
-    failures = sorted(p.stem for p in (config.results_dir / "failures").glob("*.json"))
+    failures = sorted(p.stem for p in config.layout.failures.glob("*.json"))
     failures = [f for f in failures if f in discover_datasets(config)]
     if not failures:
         return None
     return (f"batchfit: {len(failures)} dataset(s) failed ({', '.join(failures[:5])}"
-            f"{', ...' if len(failures) > 5 else ''}); see {config.failures_csv_path}")
+            f"{', ...' if len(failures) > 5 else ''}); see {config.layout.failures_csv}")
 
 
 def run_sbc(config: Config, *, threads: int = 1) -> SBCResult:

@@ -17,7 +17,7 @@ from pathlib import Path
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
-from batchfit.fitting.provenance import expected_digests, recorded_digest, sidecar_path
+from batchfit.fitting.provenance import expected_digests, recorded_digest
 
 FITTED, FAILED, PENDING = "fitted", "failed", "pending"
 
@@ -86,7 +86,7 @@ def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
     if state == FITTED:
         from batchfit.outputs.summaries import dataset_health  # xarray, netCDF4, ArviZ: to show a fit's health
 
-        health = dataset_health(config.fit_path(dataset_id), config.health)
+        health = dataset_health(config.layout.fit(dataset_id), config.health)
         detail = health["status"] + "".join(f"; {reason}" for reason in health["reasons"])
     return DatasetStatus(dataset_id, state, detail, log_lines(config, dataset_id))
 
@@ -115,11 +115,11 @@ def _states(config: Config) -> dict[str, tuple[str, str]]:
 
 def _failure_message(config: Config, dataset_id: str) -> str | None:
     try:
-        record = json.loads(config.failure_path(dataset_id).read_text())
+        record = json.loads(config.layout.failure(dataset_id).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        return f"unreadable failure record {config.failure_path(dataset_id)}: {exc}"
+        return f"unreadable failure record {config.layout.failure(dataset_id)}: {exc}"
     return f"at {record.get('stage')}: {record.get('message')}"
 
 
@@ -131,7 +131,7 @@ def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
     """
     if not pending:
         return "none, nothing is pending"
-    started = _mtime_ns(config.results_dir / "plan.json") or 0
+    started = _mtime_ns(config.layout.plan) or 0
     since = sorted(t for t in (_fit_written_ns(config, d) for d in fitted) if started and t and t > started)
     if since:
         per_fit = (since[-1] - started) / 1e9 / len(since)
@@ -151,7 +151,7 @@ def _fallbacks(config: Config, fitted: list[str]) -> dict[str, list[str]]:
     """Why each of ``fitted`` that was not sampled on the cached path was not, from the batch
     manifests (the newest outcome of a dataset counts)."""
     latest: dict[str, str] = {}
-    for path in sorted((config.results_dir / "batches").glob("*.json"), key=lambda p: _mtime_ns(p) or 0):
+    for path in sorted(config.layout.batches.glob("*.json"), key=lambda p: _mtime_ns(p) or 0):
         try:
             outcomes = json.loads(path.read_text())["datasets"]
             latest.update({d: str(o.get("fallback", "")) for d, o in outcomes.items() if o.get("status") == "ok"})
@@ -167,7 +167,7 @@ def _fallbacks(config: Config, fitted: list[str]) -> dict[str, list[str]]:
 def _timed_fits(config: Config) -> list[float]:
     """Seconds of every successful fit recorded in the batch manifests."""
     seconds = []
-    for path in (config.results_dir / "batches").glob("*.json"):
+    for path in config.layout.batches.glob("*.json"):
         try:
             outcomes = json.loads(path.read_text())["datasets"].values()
             seconds += [float(o["seconds"]) for o in outcomes if o.get("status") == "ok"]
@@ -180,7 +180,7 @@ def _fit_written_ns(config: Config, dataset_id: str) -> int | None:
     """When a fit was written, from its sidecar (no NetCDF opened)."""
 
     try:
-        return int(json.loads(sidecar_path(config, dataset_id).read_text())["fit_mtime_ns"])
+        return int(json.loads(config.layout.sidecar(dataset_id).read_text())["fit_mtime_ns"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -203,7 +203,7 @@ def _duration(seconds: float) -> str:
 def log_lines(config: Config, dataset_id: str) -> list[tuple[Path, str]]:
     """The lines of the fit logs that name ``dataset_id`` (each log's header lists its batch's datasets)."""
     word = re.compile(rf"(?<![\w.-]){re.escape(dataset_id)}(?![\w.-])")
-    logs = sorted((config.results_dir / "logs" / "fit").glob("*.log"), key=lambda p: _mtime_ns(p) or 0)
+    logs = sorted(config.layout.fit_logs.glob("*.log"), key=lambda p: _mtime_ns(p) or 0)
     found = []
     for path in logs:
         try:

@@ -26,7 +26,7 @@ from batchfit.outputs.fit_reader import group_dataset
 from batchfit.sweep.sbc.pit import Ranked, element_prob, pit_values, simultaneous_band
 from batchfit.sweep.sbc.plots import plot_ranks
 from batchfit.sweep.sbc.simulate import generator_file
-from batchfit.sweep.sbc.sweep import RANKS_GROUP, sbc_config, sbc_root, truth_path
+from batchfit.sweep.sbc.sweep import RANKS_GROUP, sbc_config
 
 log = logging.getLogger("batchfit")
 
@@ -78,8 +78,8 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     expected = expected_digests(sweep, datasets)
     fitted, failed, missing = [], {}, []
     for sim in datasets:
-        if sweep.failure_path(sim).exists():
-            failed[sim] = read_failure(sim, sweep.failure_path(sim)).get("message", "")
+        if sweep.layout.failure(sim).exists():
+            failed[sim] = read_failure(sim, sweep.layout.failure(sim)).get("message", "")
         elif recorded_digest(sweep, sim) == expected[sim]:
             fitted.append(sim)
         else:
@@ -90,25 +90,25 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
             f"{', ...' if len(missing) > 5 else ''}); run the fit stage first (batchfit sbc or snakemake sbc)")
     if not fitted:
         raise BatchfitError(f"sbc: every one of the {len(datasets)} simulated fits failed; see "
-                            f"{sweep.results_dir / 'failures'}")
+                            f"{sweep.layout.failures}")
     ranks, n_draws = _ranks(config, fitted)
-    root = sbc_root(config)
+    sbc = config.layout.sbc
     table = uniformity(ranks, n_draws, config.sbc.envelope_prob)
     long = _long_table(ranks, fitted, n_draws)
-    with atomic_path(root / "ranks.csv") as tmp:
+    with atomic_path(sbc.ranks_csv) as tmp:
         long.to_csv(tmp, index=False)
-    with atomic_path(root / "uniformity.csv") as tmp:
+    with atomic_path(sbc.uniformity) as tmp:
         table.to_csv(tmp, index=False)
     tree = ranks_tree(ranks, fitted, n_draws, config)
-    with atomic_path(root / "ranks.nc") as tmp:
+    with atomic_path(sbc.ranks_nc) as tmp:
         tree.to_netcdf(tmp, engine="h5netcdf")
     result = SBCResult(len(datasets), fitted, failed, n_draws, table, config.sbc.envelope_prob)
-    with atomic_path(root / "verdict.txt") as tmp:
+    with atomic_path(sbc.verdict) as tmp:
         tmp.write_text(result.verdict() + "\n")
-    with atomic_path(root / "failed_simulations.csv") as tmp:
+    with atomic_path(sbc.failed_simulations) as tmp:
         pd.DataFrame({"simulation": list(failed), "message": list(failed.values())}).to_csv(tmp, index=False)
     if plots:
-        plot_ranks(ranks, n_draws, config.sbc.envelope_prob, len(table), root / "plots")
+        plot_ranks(ranks, n_draws, config.sbc.envelope_prob, len(table), sbc.plots)
     return result
 
 
@@ -122,10 +122,10 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     dims: dict[str, tuple[str, ...]] = {}
     n_draws = 0
     for sim in fitted:
-        record = json.loads(truth_path(config, sim).read_text())
+        record = json.loads(config.layout.sbc.truth(sim).read_text())
         truth = record["truth"]
         truth_coords = record.get("coords", {})  # none in truth files written before they were recorded
-        with netCDF4.Dataset(sweep.fit_path(sim)) as nc:
+        with netCDF4.Dataset(sweep.layout.fit(sim)) as nc:
             nc.set_auto_mask(False)
             posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))
         rng = np.random.default_rng(dataset_seed(config.sbc.seed, f"ties:{sim}"))
@@ -135,7 +135,7 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
             if name not in truth:
                 raise ModelContractError(
                     f"the simulator ({generator_file(config)}) defines no variable {name!r}, "
-                    f"which the fitted model has; truth file {truth_path(config, sim)}")
+                    f"which the fitted model has; truth file {config.layout.sbc.truth(sim)}")
             # (chain, draw, ...) -> (sample, ...), chain-major as xarray's stack; NumPy, since a
             # stack per variable and simulation took a third of this step
             values = var.transpose("chain", "draw", ...).values
@@ -144,11 +144,11 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
             if true.shape != draws.shape[1:]:
                 raise ModelContractError(
                     f"variable {name!r} has shape {true.shape} in the simulator but {draws.shape[1:]} in the "
-                    f"fit of {sim} ({sweep.fit_path(sim)})")
+                    f"fit of {sim} ({sweep.layout.fit(sim)})")
             dims[str(name)] = tuple(d for d in var.dims if d not in ("chain", "draw"))
             coords[str(name)] = {d: posterior[d].values for d in dims[str(name)] if d in posterior.coords}
             _check_labels(str(name), truth_coords.get(name, {}), coords[str(name)],
-                          f"the simulator ({generator_file(config)})", f"the fit of {sim} ({sweep.fit_path(sim)})")
+                          f"the simulator ({generator_file(config)})", f"the fit of {sim} ({sweep.layout.fit(sim)})")
             less = (draws < true).sum(axis=0)
             ties = (draws == true).sum(axis=0)  # discrete parameters: spread ties uniformly
             ranks.setdefault(str(name), []).append(less + rng.integers(0, ties + 1))

@@ -22,7 +22,7 @@ from batchfit.fitting.provenance import file_sha256, versions
 from batchfit.model.imports import user_imports
 from batchfit.model.model_file import build_model, load_model_file
 from batchfit.model.python_mode import python_mode
-from batchfit.sweep.sbc.sweep import data_paths, record_levels, simulation_ids, template, template_levels, truth_path
+from batchfit.sweep.sbc.sweep import data_paths, record_levels, simulation_ids, template, template_levels
 
 log = logging.getLogger("batchfit")
 
@@ -163,7 +163,7 @@ def simulate(config: Config) -> SimulationReport:
                   "generator": str(generator_file(config)), "template": simulator.dataset.id,
                   "truth": {name: value.tolist() for name, value in truth.items()},
                   "coords": simulator.coords}
-        with atomic_path(truth_path(config, sim)) as tmp:  # last: a killed run leaves the simulation to redo
+        with atomic_path(config.layout.sbc.truth(sim)) as tmp:  # last: a killed run leaves the simulation to redo
             tmp.write_text(json.dumps(record))
     return SimulationReport(len(todo), len(paths) - len(todo))
 
@@ -172,7 +172,7 @@ def _up_to_date(config: Config, sim_id: str, data: Path, digest: str) -> bool:
     """Whether the simulation's truth file records ``digest`` and the data file it wrote."""
 
     try:
-        record = json.loads(truth_path(config, sim_id).read_text())
+        record = json.loads(config.layout.sbc.truth(sim_id).read_text())
         return record["digest"] == digest and record["data_sha256"] == file_sha256(data)
     except (OSError, ValueError, KeyError, TypeError):
         return False

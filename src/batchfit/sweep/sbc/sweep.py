@@ -20,24 +20,11 @@ log = logging.getLogger("batchfit")
 
 SIM_PREFIX = "sim-"
 RANKS_GROUP = "prior_sbc"  # the group simuk writes and arviz_plots.plot_ecdf_pit reads
-TEMPLATE_CODING_NAME = "template_coding.json"
-
-
-
-
-def sbc_root(config: Config) -> Path:
-    """Everything SBC writes lives here; it is the results_dir of the simulated sweep."""
-    return config.results_dir / "sbc"
 
 
 def simulation_ids(n: int) -> list[str]:
     """Ids of the first ``n`` simulations; zero-padded so that id order is index order."""
     return [f"{SIM_PREFIX}{i:05d}" for i in range(n)]
-
-
-def truth_path(config: Config, sim_id: str) -> Path:
-    """The true parameter values of one simulation (JSON)."""
-    return sbc_root(config) / "truth" / f"{sim_id}.json"
 
 
 def template(config: Config) -> tuple[str, Path]:
@@ -58,7 +45,7 @@ def _data_suffix(template_path: Path) -> str:
 def data_paths(config: Config) -> dict[str, Path]:
     """The simulated data file of each of the first ``sbc.n_simulations`` simulations."""
     suffix = _data_suffix(template(config)[1])
-    root = sbc_root(config) / "data"
+    root = config.layout.sbc.simulated_data
     return {sim: root / f"{sim}{suffix}" for sim in simulation_ids(config.sbc.n_simulations)}
 
 
@@ -77,7 +64,7 @@ def sbc_config(config: Config) -> Config:
                for name, labels in recorded_levels(config).items()}
     return dataclasses.replace(
         config, datasets=tuple(str(p) for p in data_paths(config).values()),
-        results_dir=sbc_root(config), on_error="continue", columns=columns)
+        results_dir=config.layout.sbc.root, on_error="continue", columns=columns)
 
 
 def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
@@ -104,14 +91,9 @@ def template_sweep_coding(config: Config) -> dict[str, Any]:
     return sweep_coding(config, discover_datasets(config)).for_dataset(template_id)
 
 
-def template_coding_path(config: Config) -> Path:
-    """Where `simulate` records the levels the simulated datasets are coded with."""
-    return sbc_root(config) / TEMPLATE_CODING_NAME
-
-
 def recorded_levels(config: Config) -> dict[str, list[str]]:
     """The levels of each text column of the template the simulations were drawn with (see `simulate`)."""
-    path = template_coding_path(config)
+    path = config.layout.sbc.template_coding
     try:
         return json.loads(path.read_text())["columns"]
     except FileNotFoundError:
@@ -122,7 +104,7 @@ def recorded_levels(config: Config) -> dict[str, list[str]]:
 
 def record_levels(config: Config, template_id: str, levels: Mapping[str, list[str]]) -> None:
     """Record the template's levels for `sbc_config`, unless the record already says so."""
-    path = template_coding_path(config)
+    path = config.layout.sbc.template_coding
     record = {"template": template_id, "columns": dict(levels)}
     try:
         if json.loads(path.read_text()) == record:

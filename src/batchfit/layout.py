@@ -1,0 +1,179 @@
+"""Where everything of a sweep lives under its ``results_dir``: the one place its paths are spelled.
+
+The library, the command line and the Snakemake rules all ask a `ResultsLayout` (a Config's
+``layout``) for a path; nothing else joins names onto ``results_dir``. An SBC run is a sweep of
+its own under ``results_dir/sbc`` (`ResultsLayout.sbc`), which adds the files only SBC writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SUMMARY_CSV = "summary.csv"
+POSTERIORS_NC = "posteriors.nc"
+FAILURES_CSV = "failures.csv"
+
+
+@dataclass(frozen=True)
+class ResultsLayout:
+    """The paths of one sweep's outputs, under ``root`` (its ``results_dir``)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    # --- one dataset's files
+    @property
+    def fits(self) -> Path:
+        return self.root / "fits"
+
+    def fit(self, dataset_id: str) -> Path:
+        """A dataset's posterior (NetCDF, an ArviZ DataTree)."""
+        return self.fits / f"{dataset_id}.nc"
+
+    def sidecar(self, dataset_id: str) -> Path:
+        """The small JSON beside a fit that records its provenance digest (read by the plan)."""
+        return self.fits / f"{dataset_id}.json"
+
+    @property
+    def failures(self) -> Path:
+        return self.root / "failures"
+
+    def failure(self, dataset_id: str) -> Path:
+        """A failed dataset's record: stage, error and message (collected into failures.csv)."""
+        return self.failures / f"{dataset_id}.json"
+
+    # --- one batch's (a fit job's) files
+    @property
+    def batches(self) -> Path:
+        return self.root / "batches"
+
+    def batch_manifest(self, batch_id: str) -> Path:
+        """A fit job's declared output: each dataset's outcome."""
+        return self.batches / f"{batch_id}.json"
+
+    @property
+    def fit_logs(self) -> Path:
+        return self.logs / "fit"
+
+    def fit_log(self, batch_id: str) -> Path:
+        """A fit job's log: its header lists the batch's datasets."""
+        return self.fit_logs / f"{batch_id}.log"
+
+    # --- the sweep's
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, rule: str) -> Path:
+        """The log file of a rule run once per sweep (compile, collect, plots, ...)."""
+        return self.logs / f"{rule}.log"
+
+    def benchmark(self, rule: str) -> Path:
+        """Snakemake's ``benchmark:`` file of a rule (``fit/{batch}`` for a fit job)."""
+        return self.root / "benchmarks" / f"{rule}.tsv"
+
+    @property
+    def plan(self) -> Path:
+        """The plan the sweep's main process records for its jobs (`batchfit.sweep.plan`)."""
+        return self.root / "plan.json"
+
+    @property
+    def coding_registry(self) -> Path:
+        """The append-only codes of text columns (`batchfit.data.coding`)."""
+        return self.root / "coding.json"
+
+    @property
+    def data_digests(self) -> Path:
+        """The cache of data files' sha256 (`batchfit.fitting.provenance`)."""
+        return self.root / "data_sha256.json"
+
+    @property
+    def posteriors(self) -> Path:
+        return self.root / POSTERIORS_NC
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY_CSV
+
+    @property
+    def failures_csv(self) -> Path:
+        return self.root / FAILURES_CSV
+
+    @property
+    def summaries(self) -> Path:
+        """collect's cache of each fit's summary rows (`batchfit.outputs.summaries`)."""
+        return self.root / "summaries"
+
+    @property
+    def status_ok(self) -> Path:
+        """The status rule's output: there only when no dataset failed."""
+        return self.root / "status.ok"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def health_plot(self) -> Path:
+        return self.plots / "health.png"
+
+    @property
+    def forest_plots(self) -> Path:
+        return self.plots / "forest"
+
+    @property
+    def sbc_plots_in_report(self) -> Path:
+        """An SBC run's plots copied beside the others, for Snakemake's report."""
+        return self.plots / "sbc"
+
+    @property
+    def report_pages(self) -> Path:
+        """The HTML pages of Snakemake's report (`batchfit.outputs.report`)."""
+        return self.root / "report"
+
+    # --- an SBC run: a sweep of its own under sbc/, with what only SBC writes
+    @property
+    def sbc(self) -> ResultsLayout:
+        """The simulated sweep's layout (its ``results_dir``)."""
+        return ResultsLayout(self.root / "sbc")
+
+    @property
+    def simulations(self) -> Path:
+        """The SBC checkpoint's output, listing the simulations drawn."""
+        return self.root / "simulations.json"
+
+    @property
+    def simulated_data(self) -> Path:
+        return self.root / "data"
+
+    def truth(self, simulation_id: str) -> Path:
+        """A simulation's true parameter values."""
+        return self.root / "truth" / f"{simulation_id}.json"
+
+    @property
+    def template_coding(self) -> Path:
+        """The template's coding the simulator used, which every simulated fit codes with."""
+        return self.root / "template_coding.json"
+
+    @property
+    def ranks_csv(self) -> Path:
+        return self.root / "ranks.csv"
+
+    @property
+    def ranks_nc(self) -> Path:
+        return self.root / "ranks.nc"
+
+    @property
+    def uniformity(self) -> Path:
+        return self.root / "uniformity.csv"
+
+    @property
+    def verdict(self) -> Path:
+        return self.root / "verdict.txt"
+
+    @property
+    def failed_simulations(self) -> Path:
+        return self.root / "failed_simulations.csv"
