@@ -185,19 +185,22 @@ def test_custom_dist_closure_over_data_changes_the_structure(tmp_path):
 
 def test_code_digest_covers_the_callback_generator(tmp_path):
     import batchfit
-    from batchfit.compile.fingerprint import sources_digest
+    from batchfit.common.hashing import package_sources, sources_digest
+
+    def digest(package: Path) -> str:  # what compile.fingerprint.code_digest computes of a package
+        return sources_digest(package_sources(package=package), root=package)
 
     package = Path(batchfit.__file__).parent
     copy = shutil.copytree(package, tmp_path / "batchfit", ignore=shutil.ignore_patterns("__pycache__"))
-    assert sources_digest(copy) == sources_digest(package)  # copytree made the linked workflow real files
+    assert digest(copy) == digest(package)  # copytree made the linked workflow real files
     fit_script = copy / "workflow" / "scripts" / "fit.py"
     fit_script.write_text(fit_script.read_text() + "\n# a rule script shapes no compiled code\n")
-    assert sources_digest(copy) == sources_digest(package)
-    callbacks_py = copy / "callbacks.py"
+    assert digest(copy) == digest(package)
+    callbacks_py = copy / "compile" / "callbacks.py"
     source = callbacks_py.read_text()
     assert '"    logp[0] = value[()]",' in source
     callbacks_py.write_text(source.replace('"    logp[0] = value[()]",', '"    logp[0] = -value[()]",'))
-    assert sources_digest(copy) != sources_digest(package)
+    assert digest(copy) != digest(package)
 
 
 # --- end to end: the second sweep's posterior is its own ---------------------------------------

@@ -177,6 +177,32 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     assert pending(config) == [] and compile_stamp_path(config) == stamp
 
 
+@pytest.mark.parametrize("subpackage", ["common", "data", "model", "cache", "compile", "fitting"])
+def test_the_code_digest_covers_every_subpackage_a_fit_runs(tmp_path: Path, subpackage: str) -> None:
+    """Editing any module of a subpackage on the fitting path changes every fit's code digest (so
+    the plan refits); editing collect or the sweep's code (outputs/, sweep/) changes none."""
+    import batchfit
+    from batchfit.common.hashing import package_sources, sources_digest
+    from batchfit.fitting.provenance import FIT_CODE, code_sha256
+
+    def digest(package: Path) -> str:  # what code_sha256 computes of a package
+        return sources_digest(package_sources(*FIT_CODE, package=package), root=package)
+
+    package = Path(batchfit.__file__).parent
+    assert digest(package) == code_sha256()
+    copy = shutil.copytree(package, tmp_path / "batchfit", ignore=shutil.ignore_patterns("__pycache__"))
+    modules = sorted((copy / subpackage).rglob("*.py"))
+    assert len(modules) > 1, f"no modules in {subpackage}"
+    for module in modules:  # every module: one the digest left out would be a fit that is never redone
+        before = module.read_text()
+        module.write_text(before + "\n# an edit\n")
+        assert digest(copy) != digest(package), f"editing {module.relative_to(copy)} leaves the fits' digest"
+        module.write_text(before)
+    for outside in ("outputs/collect.py", "sweep/plan.py", "cli.py"):
+        (copy / outside).write_text((copy / outside).read_text() + "\n# an edit\n")
+    assert digest(copy) == digest(package)
+
+
 def test_a_changed_data_file_makes_only_its_dataset_pending(project: Path, session_cache: Path) -> None:
     config = config_from_dict(settings(project, session_cache))
     data = project / "data" / "shop_001.csv"

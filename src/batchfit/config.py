@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from batchfit.errors import ConfigError
+from batchfit.errors import ConfigError, one_line
 from batchfit.layout import ResultsLayout
 
 DICT_SOURCE = "<dict>"
@@ -554,5 +554,5 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    """The one-line reason of an OS or decoding error."""
-    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    """The reason of an OS error without its file name (the message names the file), else `one_line`."""
+    return getattr(exc, "strerror", None) or one_line(exc)

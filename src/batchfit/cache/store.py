@@ -16,7 +16,6 @@ used when it is ours or when the user explicitly trusts it (``cache.trust_shared
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import stat
@@ -31,6 +30,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from batchfit.common.atomic import atomic_path
+from batchfit.common.hashing import file_sha256
 from batchfit.errors import CacheError
 
 ENTRY_FORMAT = 1
@@ -169,12 +169,6 @@ def compile_lock(cache: CacheDir, key: str, timeout: float) -> Iterator[bool]:
         lock.release()
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file, to detect truncated, corrupted or replaced cache files."""
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def write_entry(cache: CacheDir, key: str, manifest: dict[str, Any]) -> None:
     """Record an entry atomically, with digests of the numba files it owns."""
     files = sorted(cache.numba_dir.glob(f"*-{key}.*"))
@@ -182,7 +176,7 @@ def write_entry(cache: CacheDir, key: str, manifest: dict[str, Any]) -> None:
         "format": ENTRY_FORMAT,
         "key": key,
         "created": time.time(),
-        "files": {f.name: file_digest(f) for f in files},
+        "files": {f.name: file_sha256(f) for f in files},
         **manifest,
     }
     with atomic_path(cache.entry_path(key)) as tmp:
@@ -206,7 +200,7 @@ def read_entry(cache: CacheDir, key: str) -> dict[str, Any] | None:
         raise CorruptEntry(f"manifest {path.name} does not belong to this entry")
     for name, digest in record.get("files", {}).items():
         try:
-            actual = file_digest(cache.numba_dir / name)
+            actual = file_sha256(cache.numba_dir / name)
         except FileNotFoundError as exc:
             raise CorruptEntry(f"file {name} is missing") from exc
         if actual != digest:

@@ -22,12 +22,12 @@ import sys
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchfit import __version__
+from batchfit.common.hashing import package_sources, sources_digest
 
 LIBRARIES = ("pymc", "pytensor", "numba", "llvmlite", "nutpie", "numpy")
 
@@ -68,23 +68,7 @@ def code_digest() -> str:
     batchfit generates the sampler callbacks and builds the graphs it compiles, so any change to
     its code may change compiled code; ``__version__`` alone is not bumped on every change.
     """
-    return sources_digest(Path(__file__).parent)
-
-
-# The workflow shipped as package data (rules and thin rule scripts) never shapes compiled code;
-# an editable install links it (rglob does not follow the links) and a wheel copies it, so leaving
-# it out also gives both installs the same digest.
-_NOT_COMPILED = frozenset({"workflow"})
-
-
-def sources_digest(package: Path) -> str:
-    """sha256 over the names and contents of every Python file under ``package`` (not its workflow)."""
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        if path.relative_to(package).parts[0] in _NOT_COMPILED:
-            continue
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return sources_digest(package_sources())
 
 
 def describe(value: Any) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from batchfit.data.labels import Coding, ColumnCoding
-from batchfit.errors import DatasetError
+from batchfit.errors import DatasetError, one_line
 
 
 def read_arrays(
@@ -64,7 +64,7 @@ def _read_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str] 
     # codecs); all of them mean "this file cannot be read as <kind>".
     except Exception as exc:  # noqa: BLE001
         raise DatasetError(
-            f"cannot read the file as {kind}: {_one_line(exc)}", dataset=dataset_id, path=path
+            f"cannot read the file as {kind}: {type(exc).__name__}: {one_line(exc)}", dataset=dataset_id, path=path
         ) from None
     if not isinstance(frame.index, pd.RangeIndex) or frame.index.name is not None:
         frame = frame.reset_index()  # keep a meaningful Parquet index as a column
@@ -88,7 +88,7 @@ def _read_netcdf(dataset_id: str, path: Path) -> tuple[dict[str, np.ndarray], di
     # As for tables: malformed files raise assorted h5py/xarray/OS errors.
     except Exception as exc:  # noqa: BLE001
         raise DatasetError(
-            f"cannot read the file as NetCDF: {_one_line(exc)}", dataset=dataset_id, path=path
+            f"cannot read the file as NetCDF: {type(exc).__name__}: {one_line(exc)}", dataset=dataset_id, path=path
         ) from None
     if not ds.data_vars:
         raise DatasetError("the file has no data variables", dataset=dataset_id, path=path)
@@ -187,8 +187,3 @@ def _unknown_label(
     return DatasetError(f"value {values} (first at row index {row}, counting from 0) is {why}",
                         dataset=dataset_id, path=path, column=name)
 
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as a single line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -20,6 +20,7 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.cache.store import CacheDir, open_cache
+from batchfit.common.hashing import file_sha256
 from batchfit.common.standby import Standby
 from batchfit.compat import import_nutpie, nutpie_trace
 from batchfit.compile.fingerprint import structure_of
@@ -39,11 +40,10 @@ from batchfit.errors import (
     one_line,
 )
 from batchfit.fitting.outcome import hint
-from batchfit.fitting.provenance import Provenance, dataset_provenance, file_sha256, sweep_parts
+from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
 from batchfit.model.model_file import (
     baked_values,
     build_model,
-    file_hash,
     load_model_file,
     observed_and_constant_data,
     requirements,
@@ -154,7 +154,7 @@ class Fitter:
         self.config = config
         self.ref = ref
         self.module = load_model_file(config.model)
-        self.model_hash = file_hash(config.model)
+        self.model_hash = file_sha256(config.model)
         self.sweep_parts = sweep_parts(config, model_sha256=self.model_hash)
         self.structures = Structures(config, cache, compile_workers=compile_workers)
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike

@@ -42,15 +42,17 @@ from typing import Any
 
 from batchfit import __version__
 from batchfit.common.atomic import atomic_path
+from batchfit.common.hashing import file_sha256, package_sources, sources_digest
 from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import Config
 from batchfit.model.imports import user_imports
 
-# Modules that never run while a fit is produced (command line, collect, plan, simulation, SBC,
-# checks, cache upkeep, this module): editing them refits nothing. Every other module counts,
-# so a new module is covered unless it is added here.
-_NOT_FIT_CODE = frozenset({"cli.py", "cache_admin.py", "check.py", "collect.py", "notebook.py", "pipeline.py",
-                           "project.py", "provenance.py", "sbc.py", "simulate.py", "status.py"})
+# The code that runs while a fit is produced: every module of these subpackages and top-level
+# modules, so a module added to one is covered. Editing any refits every dataset; the command
+# line, collect and its outputs, the plan, status, checks and SBC (outputs/, sweep/, cli.py, ...)
+# do not shape a fit, and editing them refits nothing.
+FIT_CODE = ("__init__.py", "compat.py", "config.py", "errors.py", "layout.py",
+            "common", "data", "model", "cache", "compile", "fitting")
 # A digest cached for a file modified less than this long before it was hashed is not trusted:
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.
@@ -74,24 +76,10 @@ class Provenance:
         return {"provenance": self.digest, **readable}
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's content, read in blocks (data files may be large)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @functools.cache
 def code_sha256() -> str:
-    """sha256 of the source of batchfit's modules that run while a fit is produced."""
-    package = Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(package.glob("*.py")):
-        if path.name not in _NOT_FIT_CODE:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """sha256 of the source of batchfit's modules that run while a fit is produced (`FIT_CODE`)."""
+    return sources_digest(package_sources(*FIT_CODE))
 
 
 @functools.cache

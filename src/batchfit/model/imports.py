@@ -37,7 +37,6 @@ Imports made by other means (``importlib.import_module(name)``, ``exec``) are no
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from batchfit.common.hashing import file_sha256
 from batchfit.compat import library_roots
 
 _COVERED_ELSEWHERE = frozenset({"batchfit"})  # batchfit's modules are in the digest's code_hash
@@ -222,7 +222,7 @@ def scan(path: str | Path) -> ModelImports:
             local = _resolves_locally(name.partition(".")[0], folder)
             if not (local or is_user_file(origin)) or name.partition(".")[0] in _COVERED_ELSEWHERE:
                 continue
-            found[name] = hashlib.sha256(origin.read_bytes()).hexdigest()
+            found[name] = file_sha256(origin)
             if origin.suffix == ".py" and origin not in seen_files:
                 seen_files.add(origin)
                 pending.append((origin, name if spec.submodule_search_locations is not None

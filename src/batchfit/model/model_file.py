@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from batchfit.common.hashing import file_sha256
 from batchfit.data.dataset import DataRequirement, Dataset
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.model.imports import FolderModules, model_folder, scan, use
@@ -29,11 +30,6 @@ from batchfit.model.python_mode import python_mode
 # Loaded model files by path and digest of their content and of the user modules they import.
 _MODULES: dict[tuple[Path, str], ModuleType] = {}
 _FOLDERS: dict[ModuleType, FolderModules] = {}  # each loaded model file's modules from its folder
-
-
-def file_hash(path: Path) -> str:
-    """sha256 of the model file, recorded in every output."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def load_model_file(path: Path) -> ModuleType:
@@ -48,7 +44,7 @@ def load_model_file(path: Path) -> ModuleType:
     path = Path(path).resolve()
     if not path.is_file():
         raise ModelContractError(f"model file {path} does not exist")
-    digest = file_hash(path)
+    digest = file_sha256(path)
     imports = scan(path)
     key = (path, hashlib.sha256(json.dumps([digest, imports.modules]).encode()).hexdigest())
     if key in _MODULES:

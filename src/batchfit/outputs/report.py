@@ -8,7 +8,6 @@ files, so they open in a browser without the report too.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import html
 import platform
 from collections import Counter
@@ -22,6 +21,7 @@ import yaml
 
 from batchfit import __version__
 from batchfit.common.atomic import atomic_path
+from batchfit.common.hashing import file_sha256
 from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import Config, config_to_dict
 from batchfit.outputs.combined import dataset_text
@@ -177,7 +177,7 @@ def provenance_page(config: Config, posteriors_path: Path, now: datetime.datetim
         "<p>Recorded by the fits (datasets per set of versions):</p>",
         versions,
         "<h2>Model file</h2>",
-        _key_values({"path": model, "sha256 now": hashlib.sha256(model.read_bytes()).hexdigest()}),
+        _key_values({"path": model, "sha256 now": file_sha256(model)}),
         "<p>Recorded by the fits (datasets per model_hash):</p>",
         model_hash,
         f"<pre>{html.escape(model.read_text())}</pre>",

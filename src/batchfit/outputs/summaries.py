@@ -26,9 +26,9 @@ import xarray as xr
 from arviz_base import rcParams
 
 from batchfit.common.atomic import atomic_path
+from batchfit.common.hashing import file_sha256, package_sources, sources_digest
 from batchfit.config import SummarySettings
 from batchfit.errors import ConfigError, DatasetError
-from batchfit.fitting.provenance import file_sha256
 from batchfit.model.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars, stack_elements
 from batchfit.outputs import diagnostics, intervals
 from batchfit.outputs.combined import (
@@ -197,12 +197,15 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+# The code a fit's summary comes from: a change to how summaries are computed invalidates every cached one.
+SUMMARY_CODE = ("outputs/summaries.py", "outputs/health.py", "outputs/fit_reader.py", "outputs/combined.py",
+                "outputs/diagnostics.py", "outputs/intervals.py", "model/variables.py")
+
+
 @functools.cache
 def _code_sha256() -> str:
-    """batchfit's collect code: a change to how summaries are computed invalidates every cached one."""
-    here = Path(__file__).parent
-    sources = ("collect.py", "combined.py", "diagnostics.py", "intervals.py", "variables.py")
-    return hashlib.sha256(b"".join((here / name).read_bytes() for name in sources)).hexdigest()
+    """sha256 of batchfit's summary code (`SUMMARY_CODE`)."""
+    return sources_digest(package_sources(*SUMMARY_CODE))
 
 
 def summary_columns(summary: SummarySettings) -> list[str]:

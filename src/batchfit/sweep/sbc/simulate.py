@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 
 from batchfit.common.atomic import atomic_path
+from batchfit.common.hashing import file_sha256
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import table_kind
 from batchfit.errors import ConfigError, ModelContractError
 from batchfit.fitting.fitter import dataset_seed
-from batchfit.fitting.provenance import file_sha256, versions
+from batchfit.fitting.provenance import versions
 from batchfit.model.imports import user_imports
 from batchfit.model.model_file import build_model, load_model_file
 from batchfit.model.python_mode import python_mode
