@@ -21,11 +21,11 @@ from batchfit.config import (
     OutputSettings,
     SamplerSettings,
     config_from_dict,
-    config_schema,
     config_to_dict,
     load_config,
 )
 from batchfit.errors import ConfigError
+from batchfit.schema import config_schema
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}

@@ -20,10 +20,11 @@ import yaml
 
 import batchfit
 from batchfit.compile.fingerprint import structure_of
-from batchfit.config import config_from_dict, config_schema, config_to_dict, load_config
+from batchfit.config import config_from_dict, config_to_dict, load_config
 from batchfit.errors import BatchfitError
 from batchfit.model.model_file import data_containers
 from batchfit.project import config_template, init_project
+from batchfit.schema import config_schema
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

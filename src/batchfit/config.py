@@ -11,22 +11,19 @@ Snakemake or the batchfit command runs in), not to the config file.
 from __future__ import annotations
 
 import ast
-import copy
-import difflib
-import functools
-import importlib.resources
-import math
-import sys
-from collections.abc import Iterable, Iterator, Mapping
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from batchfit.errors import ConfigError, one_line
 from batchfit.layout import ResultsLayout
+from batchfit.schema import validated
 
 DICT_SOURCE = "<dict>"
 AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.sweep.plan.batch_size`)
@@ -177,23 +174,9 @@ class Config:
         """Every path under `results_dir` (`batchfit.layout`)."""
         return ResultsLayout(self.results_dir)
 
-    def sampler_dict(self) -> dict[str, int | float]:
+    def sampler_dict(self) -> dict[str, Any]:
         """Sampler settings as a plain dict, recorded as attributes in the outputs."""
-        s = self.sampler
-        return {
-            "draws": s.draws,
-            "tune": s.tune,
-            "chains": s.chains,
-            "target_accept": s.target_accept,
-            "seed": s.seed,
-        }
-
-
-@functools.cache
-def config_schema() -> dict[str, Any]:
-    """The packaged JSON Schema of the config (also used by Snakemake's `validate`)."""
-    text = importlib.resources.files("batchfit").joinpath("config.schema.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+        return _plain(self.sampler)
 
 
 def load_config(path: str | Path) -> Config:
@@ -277,144 +260,67 @@ def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Conf
 
     The input is not modified. Does not touch the file system (see `load_config`).
     """
-    if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"the config must be a mapping of keys to values, got {_describe(data)}", source=source
-        )
-    filled = copy.deepcopy(dict(data))
-    schema = config_schema()
-    _fill_defaults(filled, schema)
-    problems = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(filled),
-        key=lambda e: (_key_path(e.absolute_path), e.validator),
-    )
-    messages = [m for error in problems for m in _explain(error)]
-    reported = {key for key, _ in messages}
-    messages.extend(m for m in _unrepresentable_numbers(filled, "") if m[0] not in reported)
-    if messages:
-        (key, first), *others = messages
-        # repr: a key may hold a newline or quote, and the message must stay one line
-        text = first + "".join(f"; also key {k!r}: {m}" for k, m in others)
-        raise ConfigError(text, key=key, source=source)
-    return _build(filled, source)
+    return _build(validated(data, source), source)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
-    """The config as JSON-able plain data; `config_from_dict` of it gives an equal `Config`."""
-    return {
-        "model": str(config.model),
-        "datasets": list(config.datasets),
-        "sampler": config.sampler_dict(),
-        "batch_size": config.batch_size,
-        "cache_dir": str(config.cache_dir),
-        "results_dir": str(config.results_dir),
-        "on_error": config.on_error,
-        "outputs": {
-            "log_likelihood": config.outputs.log_likelihood,
-            "posterior_predictive": config.outputs.posterior_predictive,
-            **_selection_to_dict(config.outputs),
-        },
-        "health": {
-            "max_r_hat": config.health.max_r_hat,
-            "min_ess_bulk": config.health.min_ess_bulk,
-            "max_divergences": config.health.max_divergences,
-            **_selection_to_dict(config.health),
-        },
-        "summary": {
-            **_selection_to_dict(config.summary),
-            "ci_prob": config.summary.ci_prob,
-            "ci_kind": config.summary.ci_kind,
-        },
-        "report": {**_selection_to_dict(config.report), "max_rows": config.report.max_rows},
-        "max_structures": config.max_structures,
-        "cache": {
-            "lock_timeout": config.cache.lock_timeout,
-            "trust_shared": config.cache.trust_shared,
-            "cpu_target": config.cache.cpu_target,
-        },
-        "columns": {name: _column_to_dict(c) for name, c in config.columns.items()},
-        "sbc": {
-            "n_simulations": config.sbc.n_simulations,
-            "template": config.sbc.template,
-            "seed": config.sbc.seed,
-            "thin": config.sbc.thin,
-            "simulator": None if config.sbc.simulator is None else str(config.sbc.simulator),
-            "envelope_prob": config.sbc.envelope_prob,
-        },
-    }
+    """The config as JSON-able plain data, as a config file writes it; `config_from_dict` of it gives
+    an equal `Config`. Derived from the dataclasses: a new setting needs no line here."""
+    return {name: value for name, value in _plain(config).items() if name != "source"}
 
 
-def _selection_to_dict(settings: OutputSettings | HealthSettings | SummarySettings | ReportSettings) -> dict[str, Any]:
-    """The `var_names`/`filter_vars` keys of a section as written in a config file."""
-    names = settings.var_names
-    return {"var_names": None if names is None else list(names), "filter_vars": settings.filter_vars}
-
-
-def _var_names(value: str | list[str] | None) -> tuple[str, ...] | None:
-    """`var_names` as a tuple; a single name may be given as a string, as in ArviZ."""
-    if value is None:
-        return None
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
-def _column_to_dict(column: ColumnSettings) -> dict[str, Any]:
-    """One `columns` entry as written in a config file."""
-    if column.levels is not None:
-        return {"levels": list(column.levels)}
-    return {"order": column.order, "scope": column.scope}
+def _plain(value: Any) -> Any:
+    """A config value as a config file writes it: sections as mappings, paths as text, tuples as lists."""
+    if isinstance(value, ColumnSettings):  # its levels fix the order: the file lists only them
+        return {"levels": list(value.levels)} if value.levels is not None else {"order": value.order,
+                                                                               "scope": value.scope}
+    if dataclasses.is_dataclass(value):
+        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def _build(d: dict[str, Any], source: str) -> Config:
-    """Turn a validated, default-filled mapping into a `Config`."""
-    s, o, h, c, m, b, r = d["sampler"], d["outputs"], d["health"], d["cache"], d["summary"], d["sbc"], d["report"]
-    return Config(
-        model=Path(d["model"]),
-        datasets=tuple(d["datasets"]),
-        sampler=SamplerSettings(
-            draws=int(s["draws"]),
-            tune=int(s["tune"]),
-            chains=int(s["chains"]),
-            target_accept=float(s["target_accept"]),
-            seed=int(s["seed"]),
-        ),
-        batch_size=d["batch_size"] if d["batch_size"] == AUTO else int(d["batch_size"]),
-        cache_dir=Path(d["cache_dir"]),
-        results_dir=Path(d["results_dir"]),
-        on_error=d["on_error"],
-        outputs=OutputSettings(
-            log_likelihood=o["log_likelihood"], posterior_predictive=o["posterior_predictive"],
-            var_names=_var_names(o["var_names"]), filter_vars=o["filter_vars"],
-        ),
-        health=HealthSettings(
-            max_r_hat=float(h["max_r_hat"]),
-            min_ess_bulk=float(h["min_ess_bulk"]),
-            max_divergences=int(h["max_divergences"]),
-            var_names=_var_names(h["var_names"]),
-            filter_vars=h["filter_vars"],
-        ),
-        summary=SummarySettings(
-            var_names=_var_names(m["var_names"]),
-            filter_vars=m["filter_vars"],
-            ci_prob=None if m["ci_prob"] is None else float(m["ci_prob"]),
-            ci_kind=m["ci_kind"],
-        ),
-        report=ReportSettings(
-            var_names=_var_names(r["var_names"]), filter_vars=r["filter_vars"], max_rows=int(r["max_rows"])
-        ),
-        max_structures=d["max_structures"],
-        cache=CacheSettings(lock_timeout=float(c["lock_timeout"]), trust_shared=c["trust_shared"],
-                            cpu_target=c["cpu_target"]),
-        source=source,
-        columns={str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()},
-        sbc=SBCSettings(
-            n_simulations=int(b["n_simulations"]),
-            template=b["template"],
-            seed=int(b["seed"]),
-            thin=int(b["thin"]),
-            simulator=None if b["simulator"] is None else Path(b["simulator"]),
-            envelope_prob=float(b["envelope_prob"]),
-        ),
-    )
+    """Turn a validated, default-filled mapping into a `Config`, each section into its dataclass."""
+    columns = {str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()}
+    return _section(Config, {**d, "source": source, "columns": columns})
+
+
+def _section(cls: type, data: Mapping[str, Any]) -> Any:
+    """The dataclass ``cls`` from the keys of ``data`` it has, each value as its field's type says."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{field.name: _typed(hints[field.name], data[field.name])
+                  for field in dataclasses.fields(cls) if field.name in data})
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """``value`` (validated by the schema) as the type ``hint`` names: numbers as int or float (YAML
+    may give 1000.0 for an int, 1 for a float), paths as Path, lists as tuples, sections as dataclasses."""
+    if value is None or isinstance(value, ColumnSettings):
+        return value
+    options = [option for option in typing.get_args(hint) if option is not type(None)] \
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
+    for option in options:
+        if dataclasses.is_dataclass(option):
+            return _section(option, value)
+        if option is Path:
+            return Path(value)
+        if typing.get_origin(option) is tuple:
+            return (value,) if isinstance(value, str) else tuple(value)  # a single name, as in ArviZ
+        if option is str and isinstance(value, str):
+            return value
+        if option in (int, float) and isinstance(value, int | float) and not isinstance(value, bool):
+            return option(value)
+        if option is bool and isinstance(value, bool):
+            return value
+        if typing.get_origin(option) in (Mapping, dict) or option is typing.Any:
+            return value
+    raise TypeError(f"config value {value!r} is none of {hint}")  # the schema lets through nothing else
 
 
 def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
@@ -429,120 +335,6 @@ def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
                 )
         return ColumnSettings(levels=tuple(spec["levels"]), order="listed")
     return ColumnSettings(order=spec.get("order", "sorted"), scope=spec.get("scope", "sweep"))
-
-
-def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:
-    """Fill missing keys from schema defaults, at every level (as Snakemake's validate does)."""
-    for name, sub in schema.get("properties", {}).items():
-        if name not in instance and "default" in sub:
-            instance[name] = copy.deepcopy(sub["default"])
-        if isinstance(instance.get(name), dict):
-            _fill_defaults(instance[name], sub)
-
-
-_TYPE_NAMES = {
-    "integer": "an integer",
-    "number": "a number",
-    "string": "a string",
-    "boolean": "true or false",
-    "object": "a mapping of keys to values",
-    "array": "a list",
-    "null": "null",
-}
-
-_BOUNDS = {
-    "minimum": ">=",
-    "exclusiveMinimum": ">",
-    "maximum": "<=",
-    "exclusiveMaximum": "<",
-}
-
-
-def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
-    """(key path, human message) pairs for one schema violation."""
-    key = _key_path(error.absolute_path)
-    kind, expected, value = error.validator, error.validator_value, error.instance
-    if kind == "type":
-        names = [expected] if isinstance(expected, str) else expected
-        yield key, f"must be {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_describe(value)}"
-    elif kind in _BOUNDS:
-        yield key, f"must be {_BOUNDS[kind]} {expected}, got {_describe(value)}"
-    elif kind == "pattern":  # a word some number settings take instead of a number: batch_size 'auto'
-        numbers = [_TYPE_NAMES[n] for n in error.schema.get("type", []) if n != "string"]
-        word = repr(expected.strip("^$"))
-        yield key, f"must be {' or '.join([*numbers, word])}, got {_describe(value)}"
-    elif kind == "enum":
-        allowed = ", ".join("null" if v is None else repr(v) for v in expected)
-        yield key, f"must be one of {allowed}, got {_describe(value)}"
-    elif kind == "minLength":
-        yield key, "must not be empty"
-    elif kind == "minItems":
-        what = " (a file or glob pattern)" if key == "datasets" else ""
-        yield key, f"must list at least {expected} entry{what}, got an empty list"
-    elif kind == "required":
-        for name in expected:
-            if name not in value:
-                yield _child(key, name), f"missing required key '{name}'"
-    elif kind == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        for name in value:
-            if name not in allowed:
-                yield _child(key, name), _unknown_key(name, allowed)
-    else:
-        yield key, error.message
-
-
-def _unknown_key(name: object, allowed: list[str]) -> str:
-    """Message for an unknown key, with a did-you-mean suggestion when one is close."""
-    message = f"unknown key {name!r}"
-    close = difflib.get_close_matches(str(name), allowed, n=1)
-    if close:
-        message += f"; did you mean '{close[0]}'?"
-    return message + f" (allowed here: {', '.join(allowed)})"
-
-
-def _unrepresentable_numbers(value: object, key: str) -> Iterator[tuple[str, str]]:
-    """Flag NaN, infinity and integers beyond float range, which JSON Schema lets through."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield key, f"must be a finite number, got {value}"
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
-        yield key, "is too large a number"
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _unrepresentable_numbers(v, _child(key, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _unrepresentable_numbers(v, f"{key}[{i}]")
-
-
-def _key_path(path: Iterable[object]) -> str:
-    """Dotted key path of a schema error as users write it: `sampler.draws`, `datasets[0]`."""
-    text = ""
-    for part in path:
-        text = f"{text}[{part}]" if isinstance(part, int) else _child(text, part)
-    return text
-
-
-def _child(key: str, name: object) -> str:
-    """The key path of mapping entry `name` under `key`."""
-    return f"{key}.{name}" if key else str(name)
-
-
-def _describe(value: object) -> str:
-    """A short rendering of a config value for messages, e.g. 'abc', 3, a list."""
-    if isinstance(value, str):
-        return repr(value)
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"a {type(value).__name__}"
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:

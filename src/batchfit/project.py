@@ -110,7 +110,7 @@ def config_template() -> str:
     sets are active; every other one is commented out with its default, so removing the ``# ``
     of a line (and of its section's line) sets it.
     """
-    from batchfit.config import config_schema
+    from batchfit.schema import config_schema
 
     schema = config_schema()
     lines = [f"# batchfit {__version__} config of this project (written by `batchfit init`).",

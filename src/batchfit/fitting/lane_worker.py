@@ -11,13 +11,13 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from batchfit.config import config_from_dict
 from batchfit.fitting.batch import fit_datasets
 from batchfit.fitting.fitter import Fitter, prepare
 from batchfit.fitting.lanes import Claims
@@ -56,8 +56,8 @@ def _exit_when_orphaned() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """A helper lane: fit the batch's datasets this process claims, reporting each on stdout."""
     parser = argparse.ArgumentParser(prog="python -m batchfit.fitting.lane_worker")
-    parser.add_argument("spec", help="the lane.json the job wrote")
-    spec = json.loads(Path(parser.parse_args(argv).spec).read_text())
+    parser.add_argument("spec", help="the lane.pickle its job wrote, in a temporary directory of its own")
+    spec = pickle.loads(Path(parser.parse_args(argv).spec).read_bytes())
     threading.Thread(target=_exit_when_orphaned, daemon=True, name="batchfit-orphan-watch").start()
     # Reports go to the real stdout only; anything else printed (a model file's print) goes there
     # as a plain line, which the job logs as text.
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # numba's CPU target comes with the job's environment (`batchfit.compile.cputarget`), inherited:
     # this process loads the entries the job loads.
-    config = config_from_dict(spec["config"], source=spec["source"])
+    config = spec["config"]
 
     cache, paths, ref = prepare(config)
     fitter = Fitter(config, ref, cache, compile_workers=spec["threads"])

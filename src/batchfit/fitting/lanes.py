@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 import queue
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from typing import IO, Any
 
 from filelock import FileLock
 
-from batchfit.config import Config, config_to_dict
+from batchfit.config import Config
 from batchfit.fitting.outcome import Outcome
 
 log = logging.getLogger("batchfit")
@@ -107,10 +108,10 @@ class Lanes:
         self.helpers: list[Helper] = []
         if lanes == 1:
             return
-        spec = directory / "lane.json"
-        spec.write_text(json.dumps({"config": config_to_dict(config), "source": config.source,
-                                    "ids": list(dataset_ids), "counter": str(self.claims.counter),
-                                    "threads": self.threads_each}))
+        # The job's Config itself (a frozen dataclass), validated once, when the job read it.
+        spec = directory / "lane.pickle"
+        spec.write_bytes(pickle.dumps({"config": config, "ids": list(dataset_ids), "counter": str(self.claims.counter),
+                                       "threads": self.threads_each}))
         for number in range(1, lanes):
             process = subprocess.Popen([sys.executable, "-m", LANE_WORKER, str(spec)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
