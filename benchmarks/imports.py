@@ -5,7 +5,7 @@
 Every measurement is a fresh Python process that imports what a fit job imports before it samples
 (pymc, pytensor's numba backend, batchfit's fit module) and then nutpie, either
 
-* **batchfit**: through ``batchfit.compat.import_nutpie`` (nutpie's module gets a stand-in for
+* **batchfit**: through ``batchfit.compat.nutpie.import_nutpie`` (nutpie's module gets a stand-in for
   ``arviz`` that loads the package on first use, which batchfit's path never makes), or
 * **plain**: ``import nutpie`` (which imports arviz 1.x, and with it arviz_stats and arviz_plots).
 
@@ -31,7 +31,7 @@ start = time.perf_counter()
 {how}
 print(time.perf_counter() - start)
 """
-HOW = {"batchfit": "from batchfit.compat import import_nutpie; import_nutpie()", "plain": "import nutpie"}
+HOW = {"batchfit": "from batchfit.compat.nutpie import import_nutpie; import_nutpie()", "plain": "import nutpie"}
 
 
 def one(method: str) -> float:

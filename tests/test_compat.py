@@ -20,7 +20,7 @@ import pytest
 def test_pymc_density_dispatchers_hold_custom_dist_functions():
     import pymc as pm
 
-    from batchfit.compat import dispatched_densities
+    from batchfit.compat.pymc import dispatched_densities
 
     def logp(value, mu):
         return -((value - mu) ** 2)
@@ -66,7 +66,7 @@ def test_nutpie_names_its_chain_threads():
     import nutpie
     import pymc as pm
 
-    from batchfit.compat import NUTPIE_THREAD_PREFIX, sampler_threads, wait_for_sampler_threads
+    from batchfit.compat.nutpie import NUTPIE_THREAD_PREFIX, sampler_threads, wait_for_sampler_threads
 
     with pm.Model() as model:
         pm.Normal("x", 0.0, 1.0, shape=3)
@@ -84,7 +84,7 @@ def test_nutpie_names_its_chain_threads():
 
 @pytest.mark.parametrize("labels", [np.arange(3, dtype=np.int32), (np.int64(1), np.int64(5)), ["a", "b"], [0.5, 1.5]])
 def test_coordinate_index_is_of_a_type_nutpie_converts(labels):
-    from batchfit.compat import coordinate_index
+    from batchfit.compat.nutpie import coordinate_index
 
     index = coordinate_index(labels)
     assert index.dtype.kind in "ifO"
@@ -98,7 +98,7 @@ def test_int32_labels_sample_through_nutpies_own_compile_once_converted():
     import nutpie
     import pymc as pm
 
-    from batchfit.compat import with_labels
+    from batchfit.compat.nutpie import with_labels
 
     with pm.Model(coords={"site": np.unique(np.array([2, 0, 1, 2], dtype=np.int32))}) as model:
         pm.Normal("a", 0.0, 1.0, dims="site")
@@ -122,7 +122,7 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
     import pymc as pm
     import xarray as xr
 
-    from batchfit.compat import nutpie_trace
+    from batchfit.compat.nutpie import nutpie_trace
 
     with pm.Model(coords={"group": ["a", "b", "c"], "year": [2001, 2002]}) as model:
         mu = pm.Normal("mu", 0.0, 1.0, dims="group")
@@ -161,7 +161,7 @@ def test_nutpie_imports_without_loading_arviz_until_an_arviz_name_is_used():
 
     code = """
 import sys
-from batchfit.compat import import_nutpie
+from batchfit.compat.nutpie import import_nutpie
 
 heavy = ("arviz_stats", "arviz_plots", "matplotlib", "scipy.stats")
 import_nutpie()
@@ -189,7 +189,7 @@ def test_walking_sys_modules_after_import_nutpie_loads_no_arviz():
     code = """
 import inspect, sys
 import lazy_loader
-from batchfit.compat import import_nutpie
+from batchfit.compat.nutpie import import_nutpie
 
 import_nutpie()
 lazy_loader.load("batchfit_no_such_module")  # a missing module: lazy_loader walks the stack
@@ -210,7 +210,7 @@ def test_xarray_netcdf4_encoding_steps():
     import xarray as xr
     import xarray.conventions
 
-    from batchfit.compat import netcdf4_encoded
+    from batchfit.compat.netcdf import netcdf4_encoded
 
     assert callable(getattr(xarray.conventions, "encode_dataset_coordinates", None)), \
         "xarray.conventions.encode_dataset_coordinates is gone"
@@ -255,7 +255,7 @@ def test_snakemake_leaves_rate_limit_timers_that_the_workflow_ends(tmp_path):
 
     (tmp_path / "Snakefile").write_text('''
 import json, threading
-from batchfit.compat import end_snakemake_rate_timers
+from batchfit.compat.snakemake import end_snakemake_rate_timers
 
 rule all:
     input: "a.txt", "b.txt"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from batchfit.compat import stop_pathlib_interning
+from batchfit.compat.python import stop_pathlib_interning
 
 if TYPE_CHECKING:
     from batchfit.outputs.results import Results, open_results

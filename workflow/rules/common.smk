@@ -4,7 +4,7 @@ import functools
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from batchfit.compat import end_snakemake_rate_timers
+from batchfit.compat.snakemake import end_snakemake_rate_timers
 from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
@@ -76,7 +76,7 @@ onstart:
 
 def end_run():
     """Let Snakemake exit as soon as a run ends, not a second later (the scheduler's last timer:
-    `batchfit.compat.end_snakemake_rate_timers`).
+    `batchfit.compat.snakemake.end_snakemake_rate_timers`).
 
     A function, so that a project using this workflow as a module can call it from its own
     `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's).

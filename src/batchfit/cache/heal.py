@@ -29,7 +29,7 @@ from pathlib import Path
 
 from batchfit.cache.store import CacheDir, remove_entry
 from batchfit.common.atomic import atomic_path
-from batchfit.compat import is_numba_cache_reader
+from batchfit.compat.numba import is_numba_cache_reader
 
 # Errors that reading a truncated, emptied or overwritten pickle or compressed stream raises.
 DAMAGE_ERRORS: tuple[type[BaseException], ...] = (pickle.UnpicklingError, EOFError, zlib.error)

@@ -15,7 +15,7 @@ from typing import Any
 from batchfit.cache.heal import retry_after_healing
 from batchfit.cache.store import CacheDir, get_or_build
 from batchfit.common.standby import Standby
-from batchfit.compat import import_nutpie
+from batchfit.compat.nutpie import import_nutpie
 from batchfit.compile.callbacks import WrapperSpec
 from batchfit.compile.entry import NO_OUTPUTS, build_entry, load_callbacks
 from batchfit.compile.graphs import SamplerGraphs, sampler_key

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from batchfit.cache.store import CacheDir
-from batchfit.compat import load_cached_cfunc, register_cache_locator
+from batchfit.compat.numba import load_cached_cfunc, register_cache_locator
 
 HEADER = 2  # record[0] = number of parameters, record[1] = number of expanded values
 

@@ -171,7 +171,7 @@ def describe_op(op: Any) -> str:
     Log densities that PyMC attaches to an op class by dispatch (``pm.CustomDist``) are part of
     it: they are compiled, but no graph or property shows them.
     """
-    from batchfit.compat import dispatched_densities
+    from batchfit.compat.pymc import dispatched_densities
 
     cls = f"{type(op).__module__}.{type(op).__qualname__}"
     props = getattr(op, "__props__", None)

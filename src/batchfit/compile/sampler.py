@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from batchfit.cache.store import Fetched
-from batchfit.compat import coordinate_index, nutpie_model
+from batchfit.compat.nutpie import coordinate_index, nutpie_model
 from batchfit.compile.callbacks import Slot, WrapperSpec
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.graphs import slot_of, slot_variable

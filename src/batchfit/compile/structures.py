@@ -24,7 +24,7 @@ import numpy as np
 from batchfit.cache.heal import retry_after_healing
 from batchfit.cache.store import CacheDir
 from batchfit.common.standby import Standby
-from batchfit.compat import import_nutpie, with_labels
+from batchfit.compat.nutpie import import_nutpie, with_labels
 from batchfit.compile.build import compile_model
 from batchfit.compile.extras import ExtraGroups
 from batchfit.compile.fingerprint import structure_of

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import remove_stale_temporaries
-from batchfit.compat import wait_for_sampler_threads
+from batchfit.compat.nutpie import wait_for_sampler_threads
 from batchfit.compile.structures import Structure
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, load_dataset

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from batchfit.common.atomic import atomic_path
-from batchfit.compat import netcdf4_encoded, netcdf4_put_whole
+from batchfit.compat.netcdf import netcdf4_encoded, netcdf4_put_whole
 
 # Kinds of encoded data written as they are: bool never reaches here (CF stores it as int8).
 _NUMERIC_KINDS = frozenset("iuf")

@@ -22,7 +22,7 @@ from batchfit import __version__
 from batchfit.cache.store import CacheDir, open_cache
 from batchfit.common.hashing import file_sha256
 from batchfit.common.standby import Standby
-from batchfit.compat import import_nutpie, nutpie_trace
+from batchfit.compat.nutpie import import_nutpie, nutpie_trace
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.structures import CACHED, FAILED, NUTPIE, PYMC, Structure, Structures
 from batchfit.compile.workers import ModelSource

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 
 from batchfit.common.hashing import file_sha256
-from batchfit.compat import library_roots
+from batchfit.compat.python import library_roots
 
 _COVERED_ELSEWHERE = frozenset({"batchfit"})  # batchfit's modules are in the digest's code_hash
 
