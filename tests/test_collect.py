@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -339,11 +340,12 @@ def test_dataset_health(sweep: Config) -> None:
 
 
 def test_a_health_reason_shows_why_the_value_crossed() -> None:
-    from batchfit.outputs.health import _health
+    from batchfit.outputs.health import score_health
 
-    health = _health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), 3, Health(max_r_hat=1.01, min_ess_bulk=400))
+    thresholds = Health(max_r_hat=1.01, min_ess_bulk=400)
+    health = score_health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), 3, thresholds)
     assert health["reasons"] == ["3 divergences > 0", "max r_hat 1.0104 > 1.01", "min ess_bulk 399.6 < 400"]
-    health = _health(np.array([1.05]), np.array([12.4]), 0, Health(max_r_hat=1.01, min_ess_bulk=400))
+    health = score_health(np.array([1.05]), np.array([12.4]), 0, Health(max_r_hat=1.01, min_ess_bulk=400))
     assert health["reasons"] == ["max r_hat 1.050 > 1.01", "min ess_bulk 12 < 400"]  # as short as before
 
 
@@ -586,7 +588,7 @@ def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: 
     import batchfit.outputs.summary_helpers as summary_workers
 
     monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
-    monkeypatch.setattr(summary_workers.sys, "executable", shutil.which("false"))
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # every helper dies at once
     report = collect(sweep, IDS, workers=3)
     assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
     monkeypatch.undo()

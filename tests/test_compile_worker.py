@@ -69,7 +69,7 @@ def test_a_worker_that_dies_is_batchfits_failure_with_its_last_words(tmp_path, s
 
     source = WARNING_MODEL.format(tag="x", centre="0.5") + textwrap.dedent("""
         import os, sys
-        if sys.argv[0].endswith(os.path.join("batchfit", "compile.py")):
+        if sys.argv[0].endswith(os.path.join("compile", "worker.py")):
             print("the worker's last words", file=sys.stderr, flush=True)
             os._exit(7)
     """)

@@ -158,10 +158,10 @@ def collect_fits(
     statuses: dict[str, str] = {}
     fallbacks: dict[str, list[str]] = {}
     stale: list[str] = []
-    layout = SweepLayout()
+    stacked = SweepLayout()  # posteriors.nc's
     with atomic_path(out.summary) as summary_tmp, atomic_path(out.posteriors) as posteriors_tmp:
-        with open(summary_tmp, "w", newline="") as out:
-            csv_out = csv.writer(out, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
+        with open(summary_tmp, "w", newline="") as csv_file:
+            csv_out = csv.writer(csv_file, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
             csv_out.writerow(columns)
             for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
                 if dataset_id in failures:
@@ -175,17 +175,18 @@ def collect_fits(
                 table = entry["table"]
                 scored = np.isin(table["variable"], entry["scored"])
                 health = score_health(np.asarray(table["r_hat"], dtype=float)[scored],
-                                 np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"], thresholds)
+                                      np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"],
+                                      thresholds)
                 statuses[dataset_id] = health["status"]
                 if entry["attrs"].get("fallback"):
                     fallbacks.setdefault(str(entry["attrs"]["fallback"]), []).append(dataset_id)
                 csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
-                layout.add(entry["layout"], list(entry["attrs"]), dataset_id)
+                stacked.add(entry["layout"], list(entry["attrs"]), dataset_id)
         if stale:
             raise stale_fits_error(stale, len(fitted), fit_path)
-        for name, why in layout.excluded.items():
+        for name, why in stacked.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
-        read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, layout, cache, fit_path)
+        read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, stacked, cache, fit_path)
     cache.clear_stage()
     _keep_for_next_collect(out.posteriors, cache.directory / PREVIOUS_POSTERIORS)
     _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), out.failures_csv)
