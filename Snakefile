@@ -36,8 +36,8 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         rules.collect.output,
         rules.status.output,
         REPORT_TARGETS,
-    default_target: True

@@ -126,7 +126,7 @@ def main(side: str, root: Path, names: list[str]) -> None:
                 fit_batchfit(directory)
                 backend = "numba"
             result = {"status": "ok", "message": "", "backend": backend}
-        except Exception as exc:  # every failure is a result to report, not a reason to stop the corpus
+        except Exception as exc:  # noqa: BLE001 - every failure is a result to report, not a reason to stop
             result = {"status": "failed", "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
         result["seconds"] = round(time.perf_counter() - start, 2)
         result["cpu_seconds"] = round(_cpu_seconds() - cpu_start, 2)

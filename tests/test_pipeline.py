@@ -44,12 +44,6 @@ def snakemake(root: Path, config: Path, *extra: str) -> subprocess.CompletedProc
     )
 
 
-def test_lint_is_clean():
-    proc = subprocess.run([*SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Congratulations" in proc.stdout + proc.stderr
-
-
 @pytest.mark.slow
 def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_path, session_cache):
     config = write_sweep(tmp_path, session_cache, 3)

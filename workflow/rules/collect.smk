@@ -6,18 +6,18 @@ rule collect:
         posteriors=LAYOUT.posteriors,
         summary=LAYOUT.summary,
         failures=LAYOUT.failures_csv,
-    params:
-        config_source=CONFIG_SOURCE,
-    # Summarising many new fits goes faster in several processes: the sweep's cores on one
-    # machine; on a cluster collect runs on the submitting host, one core unless
-    # --set-threads collect=N says otherwise.
-    threads: lambda wildcards: total_cores() or 1
     log:
         LAYOUT.log("collect"),
     benchmark:
         LAYOUT.benchmark("collect")
     conda:
         "../envs/batchfit.yaml"
+    # Summarising many new fits goes faster in several processes: the sweep's cores on one
+    # machine; on a cluster collect runs on the submitting host, one core unless
+    # --set-threads collect=N says otherwise.
+    threads: lambda wildcards: total_cores() or 1
+    params:
+        config_source=CONFIG_SOURCE,
     script:
         "../../scripts/collect.py"
 
@@ -33,18 +33,18 @@ rule status:
         rules.collect.output.failures,
     output:
         touch(LAYOUT.status_ok),
+    log:
+        LAYOUT.log("status"),
+    benchmark:
+        LAYOUT.benchmark("status")
     # A run with failures still gets its report: the report's jobs (workflow/rules/report.smk)
     # are ready when this one is, and the lower priority makes Snakemake start them first; once
     # a job fails it starts no other but lets the running ones finish. So status runs beside
     # the report, not after it (without the priority, `--cores 1` ran it first and lost the report).
     priority: -1
-    params:
-        config_source=CONFIG_SOURCE,
-    log:
-        LAYOUT.log("status"),
-    benchmark:
-        LAYOUT.benchmark("status")
     conda:
         "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
     script:
         "../../scripts/status.py"

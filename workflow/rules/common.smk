@@ -10,7 +10,6 @@ from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 
-
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
 # batchfit's checks first: their messages name the key (with a did-you-mean) and the config file,
 # and check the model file; Snakemake's validate then fills the defaults in for the jobs.
@@ -112,14 +111,19 @@ def batch_manifests(wildcards):
 def fit_resource(name):
     """A fit job's `name` resource from the batch and the compile stage's measurement."""
     return lambda wildcards, input, threads, attempt: fit_resources(
-        BF, len(batch_members(wildcards)), input.compiled, attempt, threads)[name]
+        BF, len(batch_members(wildcards)), input.compiled, attempt, threads
+    )[name]
 
 
 # Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
 
 SBC = BF.layout.sbc
-SBC_SETTINGS = {"n_simulations": BF.sbc.n_simulations, "template": BF.sbc.template, "seed": BF.sbc.seed,
-                "simulator": str(BF.sbc.simulator or BF.model)}
+SBC_SETTINGS = {
+    "n_simulations": BF.sbc.n_simulations,
+    "template": BF.sbc.template,
+    "seed": BF.sbc.seed,
+    "simulator": str(BF.sbc.simulator or BF.model),
+}
 
 
 @functools.cache

@@ -14,11 +14,11 @@ rule compile:
         LAYOUT.log("compile"),
     benchmark:
         LAYOUT.benchmark("compile")
+    conda:
+        "../envs/batchfit.yaml"
     # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).
     threads: 2
     resources:
         mem_mb=4000,
-    conda:
-        "../envs/batchfit.yaml"
     script:
         "../../scripts/compile.py"

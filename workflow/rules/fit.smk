@@ -17,15 +17,15 @@ rule fit:
         LAYOUT.fit_log("{batch}"),
     benchmark:
         LAYOUT.benchmark("fit/{batch}")
-    params:
-        config_source=CONFIG_SOURCE,
-        datasets=batch_members,
+    retries: FIT_RETRIES
+    conda:
+        "../envs/batchfit.yaml"
     threads: fit_job_threads
     resources:
         mem_mb=fit_resource("mem_mb"),
         runtime=fit_resource("runtime"),
-    retries: FIT_RETRIES
-    conda:
-        "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
+        datasets=batch_members,
     script:
         "../../scripts/fit.py"

@@ -30,15 +30,15 @@ rule plots:
             category="2. Forest plots",
             labels={"variable": "{name}"},
         ),
-    params:
-        config_source=CONFIG_SOURCE,
-        settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
     log:
         LAYOUT.log("plots"),
     benchmark:
         LAYOUT.benchmark("plots")
     conda:
         "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
+        settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
     script:
         "../../scripts/plots.py"
 
@@ -75,14 +75,14 @@ rule report_pages:
             category="5. Provenance",
             labels={"page": "versions, model, config, cache keys, dates"},
         ),
-    params:
-        config_source=CONFIG_SOURCE,
     log:
         LAYOUT.log("report_pages"),
     benchmark:
         LAYOUT.benchmark("report_pages")
     conda:
         "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
     script:
         "../../scripts/report_pages.py"
 
@@ -99,12 +99,12 @@ rule sbc_plots:
             category="4. Simulation-based calibration",
             labels={"plot": "{name}"},
         ),
-    params:
-        sbc_dir=LAYOUT.sbc.root,
     log:
         LAYOUT.log("sbc_plots"),
     conda:
         "../envs/batchfit.yaml"
+    params:
+        sbc_dir=LAYOUT.sbc.root,
     script:
         "../../scripts/sbc_plots.py"
 

@@ -9,16 +9,16 @@ checkpoint sbc_simulate:
         template=str(template(BF)[1]),
     output:
         SBC.simulations,
+    log:
+        SBC.log("simulate"),
+    conda:
+        "../envs/batchfit.yaml"
     params:
         config_source=CONFIG_SOURCE,
         settings=SBC_SETTINGS,
         # A rerun trigger: a label another dataset brings to a sweep-wide column of the template
         # changes the model the simulations are drawn from (simulate redraws only what it changes).
         coding=lambda wildcards: template_sweep_coding(BF),
-    log:
-        SBC.log("simulate"),
-    conda:
-        "../envs/batchfit.yaml"
     script:
         "../../scripts/sbc_simulate.py"
 
@@ -33,14 +33,14 @@ rule sbc_fit:
         SBC.batch_manifest("{batch}"),
     log:
         SBC.fit_log("{batch}"),
-    params:
-        config_source=CONFIG_SOURCE,
-        datasets=lambda wildcards: sbc_plan().batches[wildcards.batch],
+    conda:
+        "../envs/batchfit.yaml"
     threads: lambda wildcards: fit_threads(BF, workflow.cores, len(sbc_plan().batches))
     resources:
         mem_mb=4000,
-    conda:
-        "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
+        datasets=lambda wildcards: sbc_plan().batches[wildcards.batch],
     script:
         "../../scripts/sbc_fit.py"
 
@@ -58,12 +58,12 @@ rule sbc:
         ranks_nc=SBC.ranks_nc,
         uniformity=SBC.uniformity,
         verdict=SBC.verdict,
-    params:
-        config_source=CONFIG_SOURCE,
-        settings={"thin": BF.sbc.thin, "envelope_prob": BF.sbc.envelope_prob},
     log:
         SBC.log("ranks"),
     conda:
         "../envs/batchfit.yaml"
+    params:
+        config_source=CONFIG_SOURCE,
+        settings={"thin": BF.sbc.thin, "envelope_prob": BF.sbc.envelope_prob},
     script:
         "../../scripts/sbc_ranks.py"

@@ -148,7 +148,7 @@ def _funcify(op: Any, node: Any) -> tuple[Callable | None, str | None, list[Any]
         warnings.simplefilter("ignore")
         try:
             kernel, key = numba_funcify_and_cache_key(op, node=node)
-        except Exception:  # the linker itself would fail here; report as uncacheable
+        except Exception:  # noqa: BLE001 - the linker itself would fail here: reported as uncacheable
             return None, None, [op for op, _ in calls], True
     return kernel, key, [op for op, _ in calls], False
 
@@ -172,7 +172,7 @@ def _inner_nodes(op: Any, node: Any) -> list[tuple[Any, Any]]:
         scalar_inputs = [get_scalar_type(inp.type.dtype)() for inp in node.inputs]
         try:
             scalar_node = op.scalar_op.make_node(*scalar_inputs)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a scalar op that types no node alone: the Elemwise is judged whole
             return []
         return [(scalar_node.op, scalar_node)]
     # Scan, OpFromGraph, Composite, ScalarLoop, ...: every node of the inner graph.

@@ -161,7 +161,8 @@ def collect_fits(
     stacked = SweepLayout()  # posteriors.nc's
     with atomic_path(out.summary) as summary_tmp, atomic_path(out.posteriors) as posteriors_tmp:
         with open(summary_tmp, "w", newline="") as csv_file:
-            csv_out = csv.writer(csv_file, lineterminator="\n")  # as pandas' to_csv writes, without a DataFrame per dataset
+            # as pandas' to_csv writes, without a DataFrame per dataset
+            csv_out = csv.writer(csv_file, lineterminator="\n")
             csv_out.writerow(columns)
             for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
                 if dataset_id in failures:
@@ -186,7 +187,8 @@ def collect_fits(
             raise stale_fits_error(stale, len(fitted), fit_path)
         for name, why in stacked.excluded.items():
             log.warning("collect: variable %r is left out of posteriors.nc (%s); read it from the fits", name, why)
-        read = _write_posteriors(posteriors_tmp, cache.directory / PREVIOUS_POSTERIORS, fitted, stacked, cache, fit_path)
+        previous = cache.directory / PREVIOUS_POSTERIORS
+        read = _write_posteriors(posteriors_tmp, previous, fitted, stacked, cache, fit_path)
     cache.clear_stage()
     _keep_for_next_collect(out.posteriors, cache.directory / PREVIOUS_POSTERIORS)
     _write_csv(pd.DataFrame(list(failures.values()), columns=FAILURE_COLUMNS), out.failures_csv)

@@ -1,0 +1,45 @@
+"""The code's own checks, run by the suite so that CI runs them: ruff, the import layers, the workflow's lint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+WORKFLOW = ["Snakefile", *sorted(str(p.relative_to(REPO)) for p in (REPO / "workflow" / "rules").glob("*.smk"))]
+
+
+def run(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_is_clean():
+    proc = run(str(BIN / "ruff"), "check", "src", "tests", "scripts", "benchmarks")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_import_layers_hold_and_no_import_cycle_exists():
+    """pyproject.toml's import-linter contracts: cli over sweep over outputs over fitting over compile
+    over cache over model over data over config; no cycle between the modules of any package."""
+    proc = run(str(BIN / "lint-imports"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 kept, 0 broken" in proc.stdout
+
+
+def test_snakemake_lint_is_clean():
+    proc = run(str(BIN / "snakemake"), "--lint")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations" in proc.stdout + proc.stderr
+
+
+def test_the_workflow_is_formatted_as_snakefmt_formats_it():
+    proc = run(str(BIN / "snakefmt"), "--check", *WORKFLOW)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_module_is_over_the_size_a_reader_takes_in():
+    """A module has one job a reader can name; past a few hundred lines it has grown several (#44)."""
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in (REPO / "src").rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > 450} == {}
