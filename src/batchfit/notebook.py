@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchfit.config import Config, load_config
+from batchfit.data import dataset
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
+from batchfit.fitting import fitter
+from batchfit.model import model_file
 
 if TYPE_CHECKING:
     import pymc as pm
@@ -29,25 +32,20 @@ def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Datase
     reference dataset's model needs and cast to its dtypes, as `batchfit.fitting.fitter.Fitter.build` does;
     bad data raises the error the fit would record.
     """
-    from batchfit.data import dataset as data
-    from batchfit.fitting import fitter as fit
-
     config = _config(config_or_path)
     paths = discover_datasets(config)
     if dataset_id not in paths:
         raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({', '.join(config.datasets)}, "
                            f"config {config.source}); the id is the file name without its suffix",
                            dataset=dataset_id)
-    ref = fit.reference_model(config, paths)
-    return fit.model_input(data.load_dataset(dataset_id, paths[dataset_id], ref.coding), ref)
+    ref = fitter.reference_model(config, paths)
+    return fitter.model_input(dataset.load_dataset(dataset_id, paths[dataset_id], ref.coding), ref)
 
 
 def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Model:
     """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug."""
-    from batchfit.model import model_file as modelfile
-
     config = _config(config_or_path)
-    return modelfile.build_model(modelfile.load_model_file(config.model), load_dataset(config, dataset_id))
+    return model_file.build_model(model_file.load_model_file(config.model), load_dataset(config, dataset_id))
 
 
 def _config(config_or_path: Config | str | Path) -> Config:

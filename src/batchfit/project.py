@@ -17,6 +17,7 @@ from typing import Any
 
 from batchfit import __version__
 from batchfit.errors import BatchfitError
+from batchfit.schema import config_schema
 
 # What `batchfit init` writes that is not generated: from the package. The example model is the
 # repository's models/hierarchical.py, linked into the package like the workflow; not named *.py,
@@ -98,7 +99,7 @@ def _example_names() -> list[str]:
 
 def _write_example_data(model: Path, data: Path) -> list[Path]:
     """A few datasets drawn by the example model's ``simulate`` (seeded: the same every time)."""
-    from batchfit.model.simulate import simulate_datasets
+    from batchfit.model.simulate import simulate_datasets  # NumPy and PyMC: only for `batchfit init`
 
     return simulate_datasets(model, data, _EXAMPLE_DATASETS, prefix="dataset")
 
@@ -110,8 +111,6 @@ def config_template() -> str:
     sets are active; every other one is commented out with its default, so removing the ``# ``
     of a line (and of its section's line) sets it.
     """
-    from batchfit.schema import config_schema
-
     schema = config_schema()
     lines = [f"# batchfit {__version__} config of this project (written by `batchfit init`).",
              *_comment(schema["description"], ""),

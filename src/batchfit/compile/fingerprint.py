@@ -28,6 +28,8 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.common.hashing import package_sources, sources_digest
+from batchfit.compat.pymc import dispatched_densities
+from batchfit.model.imports import is_user_file
 
 LIBRARIES = ("pymc", "pytensor", "numba", "llvmlite", "nutpie", "numpy")
 
@@ -145,8 +147,6 @@ _OPEN_FUNCTIONS: set[types.FunctionType] = set()
 
 def _is_user_code(func: types.FunctionType) -> bool:
     """A function defined in a model file or another place no library version pins."""
-    from batchfit.model.imports import is_user_file
-
     return is_user_file(func.__code__.co_filename)
 
 
@@ -171,8 +171,6 @@ def describe_op(op: Any) -> str:
     Log densities that PyMC attaches to an op class by dispatch (``pm.CustomDist``) are part of
     it: they are compiled, but no graph or property shows them.
     """
-    from batchfit.compat.pymc import dispatched_densities
-
     cls = f"{type(op).__module__}.{type(op).__qualname__}"
     props = getattr(op, "__props__", None)
     if props is not None:

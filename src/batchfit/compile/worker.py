@@ -17,12 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from batchfit.cache.heal import is_damage_error
+from batchfit.cache.store import open_cache
+from batchfit.common.quick_exit import quick_exit
 from batchfit.compile.build import collector_paused
 from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.workers import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
 from batchfit.config import OutputSettings
+from batchfit.data.dataset import load_dataset
+from batchfit.data.labels import Coding
 from batchfit.errors import CachedPathUnsupported
+from batchfit.model.model_file import build_model, load_model_file
 
 log = logging.getLogger("batchfit")
 
@@ -62,11 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Without ``argv``, a `batchfit.common.standby` process, which reads them from stdin (`_standby_start`).
     """
-    from batchfit.cache.store import open_cache
-    from batchfit.data.dataset import load_dataset
-    from batchfit.data.labels import Coding
-    from batchfit.model.model_file import build_model, load_model_file
-
     if argv is None:
         argv = _standby_start()
         if argv is None:  # its parent died, or needed no worker
@@ -114,6 +114,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from batchfit.common.quick_exit import quick_exit
-
     quick_exit(main())  # the work is done, its files closed: no interpreter teardown

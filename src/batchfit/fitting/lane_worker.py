@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from batchfit.common.quick_exit import quick_exit
 from batchfit.fitting.batch import fit_datasets
 from batchfit.fitting.fitter import Fitter, prepare
 from batchfit.fitting.lanes import Claims
@@ -85,6 +86,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from batchfit.common.quick_exit import quick_exit
-
     quick_exit(main())  # the work is done, its files closed: no interpreter teardown

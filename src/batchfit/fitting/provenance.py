@@ -45,6 +45,9 @@ from batchfit.common.atomic import atomic_path
 from batchfit.common.hashing import file_sha256, package_sources, sources_digest
 from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import Config
+from batchfit.data.coding import sweep_coding
+from batchfit.data.coding import write_planned as write_planned_coding
+from batchfit.data.discovery import discover_datasets
 from batchfit.model.imports import user_imports
 
 # The code that runs while a fit is produced: every module of these subpackages and top-level
@@ -110,9 +113,6 @@ def dataset_provenance(
 
 def expected_provenance(config: Config, dataset_id: str, data_path: str | Path) -> Provenance:
     """What a fit of ``dataset_id`` made now with ``config`` records (data hashed afresh)."""
-    from batchfit.data.coding import sweep_coding
-    from batchfit.data.discovery import discover_datasets
-
     coding = sweep_coding(config, discover_datasets(config)).for_dataset(dataset_id)
     return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), coding)
 
@@ -122,8 +122,6 @@ def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bo
 
     ``record`` false reads the coding and digest caches without updating them (`batchfit status`).
     """
-    from batchfit.data.coding import sweep_coding
-
     sweep = sweep_parts(config)
     coding = sweep_coding(config, datasets, record=record)
     cache = DigestCache(config.layout.data_digests)
@@ -197,8 +195,6 @@ def write_planned(config: Config) -> None:
     100 tiny datasets on 2 cores, its results deleted, took 9.84-9.99 s, and 9.36-9.54 s with
     this; by hand). Not over files a process wrote since.
     """
-    from batchfit.data.coding import write_planned as write_planned_coding
-
     write_planned_coding(config)
     path = config.layout.data_digests
     digests = _planned_digests.pop(path, None)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pickle
 import sys
 
+from batchfit.common.quick_exit import quick_exit
+from batchfit.outputs.summaries import SummaryCache
+
 
 def main() -> None:
     """A helper: summarise the fits of the pickled spec on stdin, printing each id whose entry it wrote."""
-    from batchfit.outputs.summaries import SummaryCache
-
     spec = sys.stdin.buffer.read()
     if not spec:  # collect died before giving it work
         return
@@ -28,7 +29,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from batchfit.common.quick_exit import quick_exit
-
     main()
     quick_exit()  # the work is done, its files closed: no interpreter teardown
