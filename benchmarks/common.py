@@ -180,7 +180,7 @@ def cpu_model() -> str:
 
 
 def machine_line() -> str:
-    """Date, machine and library versions, for the tables pasted into the README."""
+    """Date, machine and library versions, for the tables pasted into benchmarks/README.md."""
     libs = ", ".join(f"{name} {version(name)}" for name in ("batchfit", "pymc", "pytensor", "nutpie", "numba"))
     return (f"{datetime.date.today().isoformat()}; {os.cpu_count()} cores ({cpu_model()}); "
             f"Python {platform.python_version()}; {libs}")

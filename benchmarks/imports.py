@@ -10,8 +10,8 @@ Every measurement is a fresh Python process that imports what a fit job imports 
 * **plain**: ``import nutpie`` (which imports arviz 1.x, and with it arviz_stats and arviz_plots).
 
 The two alternate, so machine noise hits both alike. Prints the median time of the nutpie import
-in each and the saving, which must stay above 0.2 s for the trick to be kept (README,
-"Development"). Results: benchmarks/results/imports/imports.json.
+in each and the saving, which must stay above 0.2 s for the trick to be kept (CONTRIBUTING.md,
+"Speed tricks that remain, and why"). Results: benchmarks/results/imports/imports.json.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def stages(snakemake_log: Path, sbc_root: Path):
             for o in json.loads(path.read_text())["datasets"].values()]
     table["fit_one_s_sum"] = pd.Series({"sbc_fit": round(sum(fits), 1)})
     table["fit_one_s_median"] = pd.Series({"sbc_fit": round(float(np.median(fits)), 2)})
-    table["fit_one_s_max"] = pd.Series({"sbc_fit": round(max(fits), 1)})  # a job's first fit (see README)
+    table["fit_one_s_max"] = pd.Series({"sbc_fit": round(max(fits), 1)})  # a job's first fit (see benchmarks/README.md)
     return table.reset_index()
 
 

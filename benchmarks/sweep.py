@@ -30,7 +30,7 @@ status job).
 For each: total wall time, median per-dataset wall time, compile seconds, peak RSS of the largest
 process (psutil, polling the process tree). Also: all four posteriors of one dataset agree within
 Monte Carlo error (means within 0.2 posterior sd of naive's). Writes benchmarks/results/sweep.csv,
-benchmarks/results/sweep-N.png and prints a Markdown table for the README.
+benchmarks/results/sweep-N.png and prints a Markdown table for benchmarks/README.md.
 
 ``--scaling``: for each N, N tiny datasets (30 rows, 3 groups; 2 chains x 200 + 200 draws), a
 warm ``snakemake --cores C`` sweep (the cache filled by Snakemake's compile job first, unmeasured)

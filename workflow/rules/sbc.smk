@@ -1,4 +1,4 @@
-# Simulation-based calibration: `snakemake sbc --cores N` (see batchfit.sweep.sbc and the README).
+# Simulation-based calibration: `snakemake sbc --cores N` (batchfit.sweep.sbc; batchfit's docs/sbc.md).
 # The simulated datasets are made by a checkpoint, then planned, fitted and collected as a sweep
 # of their own under {results}/sbc with the same compile cache (the `compile` rule's stamp).
 checkpoint sbc_simulate:
