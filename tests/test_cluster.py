@@ -95,20 +95,20 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
     stamp = tmp_path / "stamp.json"
     stamp.write_text(json.dumps({"reference_fit": {"seconds": 2.0, "peak_rss_mb": 400, "draws": 2000,
                                                    "chains": 4}}))
-    one, many = fit_resources(config, 10, stamp), fit_resources(config, 1000, stamp)
+    one, many = fit_resources(config.sampler, 10, stamp), fit_resources(config.sampler, 1000, stamp)
     assert one["mem_mb"] == many["mem_mb"] >= 400  # memory does not grow with the batch
     assert many["runtime"] * 60 >= 1000 * 2.0  # at least the measured time of every dataset
     assert one["runtime"] < many["runtime"]
-    again = fit_resources(config, 1000, stamp, attempt=2)
+    again = fit_resources(config.sampler, 1000, stamp, attempt=2)
     assert again["mem_mb"] == 2 * many["mem_mb"] and again["runtime"] == 2 * many["runtime"]
     half = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)],
                              "sampler": {"draws": 500, "tune": 500, "chains": 4}})
-    assert fit_resources(half, 1000, stamp)["runtime"] < many["runtime"]  # less sampling, less time
-    assert fit_resources(config, 10, tmp_path / "missing.json")["mem_mb"] > 0  # unmeasured: defaults
+    assert fit_resources(half.sampler, 1000, stamp)["runtime"] < many["runtime"]  # less sampling, less time
+    assert fit_resources(config.sampler, 10, tmp_path / "missing.json")["mem_mb"] > 0  # unmeasured: defaults
     # 12 threads and 4 chains: three lanes, each a process of its own, fitting a third of the batch
-    lanes = fit_resources(config, 1000, stamp, threads=12)
+    lanes = fit_resources(config.sampler, 1000, stamp, threads=12)
     assert lanes["mem_mb"] == 3 * many["mem_mb"] and lanes["runtime"] < many["runtime"] / 2
-    assert fit_resources(config, 1000, stamp, threads=7) == many  # one lane: threads beyond the chains idle
+    assert fit_resources(config.sampler, 1000, stamp, threads=7) == many  # one lane: threads beyond the chains idle
 
 
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:

@@ -56,7 +56,7 @@ def sweep():
 def fit_job_threads(wildcards):
     """On a cluster (and in its jobs) one thread per chain; on one machine the cores are shared
     out between the batches."""
-    return fit_threads(BF, sweep_cores(), len(sweep().batches))
+    return fit_threads(BF.sampler.chains, sweep_cores(), len(sweep().batches))
 
 
 def record_plan():
@@ -111,7 +111,7 @@ def batch_manifests(wildcards):
 def fit_resource(name):
     """A fit job's `name` resource from the batch and the compile stage's measurement."""
     return lambda wildcards, input, threads, attempt: fit_resources(
-        BF, len(batch_members(wildcards)), input.compiled, attempt, threads
+        BF.sampler, len(batch_members(wildcards)), input.compiled, attempt, threads
     )[name]
 
 

@@ -35,7 +35,7 @@ rule sbc_fit:
         SBC.fit_log("{batch}"),
     conda:
         "../envs/batchfit.yaml"
-    threads: lambda wildcards: fit_threads(BF, workflow.cores, len(sbc_plan().batches))
+    threads: lambda wildcards: fit_threads(BF.sampler.chains, workflow.cores, len(sbc_plan().batches))
     resources:
         mem_mb=4000,
     params:

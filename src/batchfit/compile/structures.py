@@ -17,7 +17,7 @@ import logging
 import warnings
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from batchfit.compile.extras import ExtraGroups
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.sampler import CompiledModel, SamplerFunctions
 from batchfit.compile.workers import ModelSource
-from batchfit.config import Config
+from batchfit.config import CacheSettings, OutputSettings
 from batchfit.errors import CachedPathUnsupported, ModelContractError, SamplerFailure, one_line
 from batchfit.model.model_file import data_containers, swappable_inputs
 from batchfit.model.python_mode import python_mode
@@ -141,6 +141,15 @@ def _shared_variables(model: Any) -> list[Any]:
     return [v for v in graph_inputs(outputs) if isinstance(v, SharedVariable) and not isinstance(v.type, RandomType)]
 
 
+class StructuresConfig(Protocol):
+    """The parts of `batchfit.config.Config` that `Structures` reads."""
+
+    max_structures: int
+    outputs: OutputSettings
+    cache: CacheSettings
+    source: str
+
+
 class Structures:
     """The structures of one job, met in dataset order; at most ``max_structures`` of them.
 
@@ -151,7 +160,7 @@ class Structures:
     `batchfit.common.standby.Standby` of compile workers already starting.
     """
 
-    def __init__(self, config: Config, cache: CacheDir, *, compile_workers: int | Standby = 1):
+    def __init__(self, config: StructuresConfig, cache: CacheDir, *, compile_workers: int | Standby = 1):
         self.config = config
         self.cache = cache
         self.compile_workers = compile_workers

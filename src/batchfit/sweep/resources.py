@@ -7,7 +7,7 @@ import logging
 import math
 from pathlib import Path
 
-from batchfit.config import Config
+from batchfit.config import SamplerSettings
 from batchfit.fitting.lanes import lane_count
 
 log = logging.getLogger("batchfit")
@@ -28,7 +28,7 @@ _MEMORY_MARGIN = 1.5
 _UNMEASURED = {"seconds": 60.0, "peak_rss_mb": 2000, "draws": 2000, "chains": 4}
 
 
-def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attempt: int = 1,
+def fit_resources(sampler: SamplerSettings, n_datasets: int, stamp_path: str | Path, attempt: int = 1,
                   threads: int = 1) -> dict[str, int]:
     """``mem_mb`` and ``runtime`` (minutes) for a fit job of ``n_datasets`` on ``threads``; both grow with ``attempt``.
 
@@ -41,7 +41,7 @@ def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attem
         measured = json.loads(Path(stamp_path).read_text()).get("reference_fit") or _UNMEASURED
     except (OSError, ValueError):
         measured = _UNMEASURED
-    s = config.sampler
+    s = sampler
     work = ((s.draws + s.tune) * s.chains) / max(1, measured["draws"] * measured["chains"])
     lanes = lane_count(threads, s.chains, n_datasets)
     seconds = _JOB_START_SECONDS + math.ceil(n_datasets / lanes) * measured["seconds"] * work * _TIME_MARGIN
@@ -49,7 +49,7 @@ def fit_resources(config: Config, n_datasets: int, stamp_path: str | Path, attem
             "runtime": math.ceil(seconds / 60) * attempt}
 
 
-def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
+def fit_threads(chains: int, cores: int | None, n_batches: int) -> int:
     """Threads per fit job: all cores for one batch; otherwise split cores across parallel jobs.
 
     A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
@@ -58,6 +58,6 @@ def fit_threads(config: Config, cores: int | None, n_batches: int) -> int:
     ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
     """
     if cores is None:
-        return config.sampler.chains
+        return chains
     parallel_jobs = max(1, min(n_batches, cores))
     return max(1, cores // parallel_jobs)
