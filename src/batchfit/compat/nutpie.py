@@ -75,7 +75,7 @@ def import_nutpie() -> ModuleType:
 
     nutpie 0.16 imports ``arviz`` at the top of ``nutpie/sample.py`` for ``arviz.from_dict``; the
     arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
-    (matplotlib.pyplot) with it: over a second of every fit job, for names batchfit's path never
+    (matplotlib.pyplot) with it: a noticeable part of every fit job, for names batchfit's path never
     uses (it builds the trace itself, `nutpie_trace`; `benchmarks/imports.py` measures the
     saving). PyMC defers its own arviz import for the same reason (pymc-devs/pymc#8276).
 
