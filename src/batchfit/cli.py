@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     # Each command imports what it runs, when it runs: `batchfit --help`, `status` or `init` wait
-    # for no PyMC, PyTensor or numba (a second or two), and the CPU target is set before numba loads.
+    # for no import of PyMC, PyTensor or numba, and the CPU target is set before numba loads.
     from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline

@@ -224,7 +224,7 @@ def check_model_file(config: Config) -> None:
     if not _may_define(tree.body, "build_model"):
         raise ConfigError(
             f"model file '{model}' defines no function build_model(data); batchfit calls it with "
-            "each dataset and expects a pm.Model back (see README, 'Writing a model')",
+            "each dataset and expects a pm.Model back (see batchfit's docs/model.md)",
             key="model",
             source=config.source,
         )

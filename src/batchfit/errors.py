@@ -50,7 +50,7 @@ class DatasetError(BatchfitError):
 
 
 class ModelContractError(BatchfitError):
-    """The model file breaks the batchfit contract (see README, 'Writing a model')."""
+    """The model file breaks the batchfit contract (see docs/model.md, 'The contract')."""
 
 
 class CacheError(BatchfitError):

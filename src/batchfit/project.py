@@ -31,7 +31,7 @@ _SET_KEYS = {
 _EXAMPLE_DATASETS = 3
 _MODEL_HEADER = """\
 # The model of this project: batchfit's example (models/hierarchical.py), to adapt. The contract
-# (batchfit's README, "Writing a model"): build_model(data) returns a pm.Model; every array that
+# (batchfit's docs/model.md): build_model(data) returns a pm.Model; every array that
 # differs between datasets enters as pm.Data(name, data[name]), named after its column; labels
 # come from data.coords[column] and a dimension is not named like a pm.Data container; the
 # structure does not depend on the data values. simulate(rng, index) is optional (`batchfit

@@ -92,7 +92,7 @@ def check_trust(path: Path, *, trust_shared: bool) -> None:
             "not by you. Cache entries are executable code, so anyone who can write there "
             "could run code as you. Use a private cache_dir, or, if you trust every user who can "
             "write it (e.g. your group on a cluster), set 'cache: {trust_shared: true}' in the config "
-            "(see README, 'Sharing a cache')."
+            "(see batchfit's docs/cache.md, 'Sharing a cache within a group')."
         )
     if st.st_mode & stat.S_IWOTH and not sticky and not trust_shared:
         warnings.warn(

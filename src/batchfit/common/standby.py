@@ -1,6 +1,6 @@
 """Python processes started before their work is known, so that their start-up overlaps the caller's.
 
-Starting Python and importing PyMC or ArviZ takes about a second of one core. A caller that will
+Starting Python and importing PyMC or ArviZ keeps a core busy for a while. A caller that will
 likely hand work to other processes starts them here first, goes on with its own imports and
 preparation, and gives each its work on stdin once it knows it: by then they have imported
 what the work needs. Each is ``python -m <module>``, whose main imports and then reads its work

@@ -28,11 +28,11 @@ def netcdf4_put_whole(variable: Any, data: Any) -> None:
     """Write all of ``variable`` (a ``netCDF4.Variable``) from ``data``, an array of its shape.
 
     ``variable[...] = data`` first works out the slice in Python (``_StartCountStride`` in
-    netCDF4 1.7, ``netCDF4/utils.py``): 0.23 ms of a variable's 0.25 ms write for a fit's small
-    arrays (measured by hand), ~7 ms of writing each fit's 34 variables, on a core the chains
-    sample on. ``Variable._put(data, start, count, stride)`` (``netCDF4/_netCDF4.pyx``, what
-    ``__setitem__`` ends with) takes the whole-variable slice as it is; it makes the data
-    contiguous, casts them to the variable's type (text included) and checks their size itself.
+    netCDF4 1.7, ``netCDF4/utils.py``): most of a small variable's write, repeated for each of a
+    fit's variables, on a core the chains sample on. ``Variable._put(data, start, count, stride)``
+    (``netCDF4/_netCDF4.pyx``, what ``__setitem__`` ends with) takes the whole-variable slice as
+    it is; it makes the data contiguous, casts them to the variable's type (text included) and
+    checks their size itself.
     """
     shape = variable.shape
     variable._put(data, [0] * len(shape), list(shape), [1] * len(shape))

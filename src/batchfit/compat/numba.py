@@ -58,7 +58,7 @@ def load_cached_cfunc(py_func: Callable, sig: Any) -> Any:
     """Load a cached cfunc without compiling anything.
 
     ``numba.cfunc(..., cache=True)`` first initializes numba's whole typing and lowering
-    registry (about half a second per process) although loading machine code needs none of
+    registry (a noticeable part of every warm start) although loading machine code needs none of
     it; this goes straight to the cache and fails if the entry is not there. It uses numba
     0.68's ``CFunc`` internals (``numba/core/ccallback.py``: ``_targetdescr``, ``_cache``,
     ``_sig``, ``_library``, ``_wrapper_name``, ``_wrapper_address``, ``_cache_hits``) as

@@ -75,7 +75,7 @@ def import_nutpie() -> ModuleType:
 
     nutpie 0.16 imports ``arviz`` at the top of ``nutpie/sample.py`` for ``arviz.from_dict``; the
     arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
-    (matplotlib.pyplot) with it: over a second of every fit job, for names batchfit's path never
+    (matplotlib.pyplot) with it: a noticeable part of every fit job, for names batchfit's path never
     uses (it builds the trace itself, `nutpie_trace`; `benchmarks/imports.py` measures the
     saving). PyMC defers its own arviz import for the same reason (pymc-devs/pymc#8276).
 
@@ -190,7 +190,7 @@ def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
     The same ``posterior`` and ``sample_stats`` (values, dims, coordinates, the stats it keeps, its
     attributes), built as two ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``, which
     builds and aligns a DataArray per variable, the largest part of the main thread's work per
-    dataset, and that work bounds a fit job's rate (README, "Throughput", has both profiles).
+    dataset, and that work bounds a fit job's rate (``benchmarks/throughput.py --profile`` shows it).
     Private: the arrow-to-array step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws,
     with NaN or None where arrow has nulls) and the sampler's ``_settings``, which say the stats
     to keep and go into the ``sample_stats`` attributes (``_BackgroundSampler._extract``).

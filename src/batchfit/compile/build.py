@@ -71,9 +71,9 @@ def collector_paused() -> Iterator[None]:
 
     A warm start imports numba's and PyTensor's dispatch modules (unpickling numba's environments
     does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
-    burst sets off collections that walk the whole heap, pymc's and pytensor's included. Pausing
-    them for these short, bounded steps shortened a warm start by about a sixth
-    (benchmarks/cache_load.py: 0.642 s before, 0.541 s after); garbage made meanwhile is collected
+    burst sets off collections that walk the whole heap, pymc's and pytensor's included: a
+    noticeable part of every warm start, saved by pausing the collector for these short, bounded
+    steps (``benchmarks/cache_load.py`` times a warm start). Garbage made meanwhile is collected
     once the collector runs again. Long steps (a compile) are never run paused.
     """
     was_enabled = gc.isenabled()

@@ -79,7 +79,8 @@ def _slot_reads(slots: Sequence[Slot], offsets: dict[Slot, int]) -> tuple[str, l
     that holds when every parameter's stretch lies within ``x``, ``n`` long, and its shape
     has no negative length) is what makes those lines unable to raise: a reshape raises
     only when the stretch's length differs from its shape's size. Its terms are joined with
-    ``&``, not ``and``: numba compiles each ``and`` as a branch of its own (~0.1 s in all).
+    ``&``, not ``and``: numba compiles each ``and`` as a branch of its own, which adds to every
+    cold compile.
     """
     lines, bounds = [], []
     for i, slot in enumerate(slots):
@@ -101,18 +102,19 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
 
     Only the call of the compiled PyTensor function is in a ``try`` block (its errors, such as
     a failed shape check, are a rejected point, not a crash). numba compiles every call inside
-    a ``try`` with its own exception paths: with the whole body inside, the logp callback's
-    compile took ~0.85 s longer (about a sixth of a cold compile). Nothing outside the block
-    may raise, though: a numba cfunc that raises prints the error and returns 0, which nutpie
-    takes for success. So the record is checked first (`_slot_reads`; a record that fails it
-    is batchfit's bug, reported as a non-recoverable error like a wrong dimension), and the
+    a ``try`` with its own exception paths, so a whole body inside one makes the logp
+    callback's compile, the longest part of a cold compile, markedly longer. Nothing outside the
+    block may raise, though: a numba cfunc that raises prints the error and returns 0, which
+    nutpie takes for success. So the record is checked first (`_slot_reads`; a record that fails
+    it is batchfit's bug, reported as a non-recoverable error like a wrong dimension), and the
     results are copied element by element after a length check, not by slice assignment
-    (``out[:] = grad``), which can raise (and numba compiles its message's formatting at run
-    time: ~3 s of every cold compile). For the same reason the gradient is checked with
+    (``out[:] = grad``), which can raise (and numba compiles its message's formatting, a large
+    part of every cold compile). For the same reason the gradient is checked with
     ``math.isfinite`` while it is copied, not with ``np.all(np.isfinite(out))``, an array ufunc
-    and a reduction numba compiles anew in every process (~0.2 s of a cold compile), and the
-    log density is stored as a number (``value[()]``) in a one-element view: storing the 0-d
-    array itself in a 0-d view made numba compile ``np.take`` twice (~0.15 s).
+    and a reduction numba compiles anew in every process, and the log density is stored as a
+    number (``value[()]``) in a one-element view: storing the 0-d array itself in a 0-d view
+    made numba compile ``np.take`` twice. (``benchmarks/sweep.py`` prints the cold compile's time;
+    benchmarks/HISTORY.md what each of these choices saved.)
     """
     offsets = spec.offsets()
     valid, reads, args = _slot_reads(getattr(spec, kind), offsets)

@@ -59,9 +59,8 @@ def warm_extras(template: Any, outputs: OutputSettings) -> None:
 
     Called by the compile worker: fit jobs then load these functions' machine code instead of
     JIT-compiling it in-process. Not yet bit-for-bit across jobs: the job that made the entry
-    gets a pointwise log-likelihood that differs from every later job's in the last bits (3.6e-15
-    at most for the example model, 2026-12-03; same graph, same linker, both within 5.3e-15 of
-    scipy), while the draws agree exactly.
+    gets a pointwise log-likelihood that differs from every later job's in the last bits (same
+    graph, same linker, both as close to scipy's values), while the draws agree exactly.
     Only those asked for: each costs about as much compiling as the sampler's own functions.
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """

@@ -65,8 +65,8 @@ class SamplerGraphs:
         the value variable's rank, with the lengths the record gives (see
         :mod:`batchfit.compile.callbacks`): a dataset with more groups needs no new compile. Cutting
         there rather than in the graph keeps the graphs to what PyMC builds: cut in PyTensor, with
-        the shape arithmetic and checks that come with it, the example model's two functions took
-        numba 12.6 CPU-s to compile instead of 7.3.
+        the shape arithmetic and checks that come with it, the two functions take numba markedly
+        longer to compile (``benchmarks/sweep.py`` prints the cold compile's time).
         """
         import pytensor.tensor as pt
 

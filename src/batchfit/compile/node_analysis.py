@@ -36,8 +36,8 @@ def record_generic_fallbacks() -> Iterator[list[tuple[Any, Any]]]:
     Dispatch modules import the function by name, so every module-level reference to it is
     swapped for a recording wrapper for the duration of the block (and restored afterwards).
     Modules are searched through their ``__dict__``, not ``getattr``: a module-level
-    ``__getattr__`` imports on a miss (``pymc.plots`` imports arviz_plots and matplotlib, which
-    took 4 s of every compile worker).
+    ``__getattr__`` imports on a miss (``pymc.plots`` imports arviz_plots and matplotlib, seconds
+    of every compile worker spent on libraries it never uses).
     """
     from pytensor.link.numba.dispatch import basic as numba_basic
 

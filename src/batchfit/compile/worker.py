@@ -35,9 +35,9 @@ log = logging.getLogger("batchfit")
 def _standby_start() -> list[str] | None:
     """A `batchfit.common.standby` worker's imports, then its arguments (None if its parent sent none).
 
-    What the model file, the graphs and numba's compile import (~1.2 s of the worker's start),
+    What the model file, the graphs and numba's compile import (the slow part of the worker's start),
     done while the parent is still importing, reading the data and computing the key. First
-    xarray, pandas and SciPy's sparse arrays (~0.5 s), which read none of WORKER_ENVIRONMENT:
+    xarray, pandas and SciPy's sparse arrays, which read none of WORKER_ENVIRONMENT:
     the compile job starts this process before it has read its config. Then, once its parent
     has said what they are (one line, `worker_environment`), numba and PyTensor.
     """

@@ -35,7 +35,7 @@ log = logging.getLogger("batchfit")
 NO_OUTPUTS = OutputSettings(log_likelihood=False, posterior_predictive=False)
 
 # What a compile worker builds: every part of an entry, or one of the two halves that two workers
-# build at once (the log density's callback takes about three quarters of a compile).
+# build at once (the log density's callback takes most of a compile).
 PARTS: dict[str, tuple[str, ...]] = {"all": ("logp", "expand"), "logp": ("logp",), "rest": ("expand",)}
 
 # Exit code of a compile worker that failed reading a damaged cache file: the parent heals the

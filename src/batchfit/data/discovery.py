@@ -32,9 +32,9 @@ _SAFE_ID_RULE = (
 class DatasetFiles(Mapping[str, Path]):
     """Dataset id -> file, in id order: the paths kept as text, a new Path made on each access.
 
-    Every job lists the sweep's datasets; 10,000 parsed Paths hold ~5 MB (a Path caches its
-    parsed parts and text, ~500 bytes), which was most of collect's memory growth from 1,000 to
-    10,000 datasets (#13). A Path made from text parses only when used, and is then dropped.
+    Every job lists the sweep's datasets, and a parsed Path caches its parts and text: held for
+    every dataset, they were most of collect's memory growth with N (#13, `benchmarks/collect.py`).
+    A Path made from text parses only when used, and is then dropped.
     """
 
     __slots__ = ("_files",)

@@ -80,7 +80,7 @@ def _read_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str] 
 
 def _read_netcdf(dataset_id: str, path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
     """Each data variable becomes an array; each 1-D coordinate becomes a coords entry."""
-    import xarray as xr  # here: Snakemake's planning scans CSV files only, and xarray's import took ~0.07 s of it
+    import xarray as xr  # here: Snakemake's planning scans CSV files only, and need not wait for xarray's import
 
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:

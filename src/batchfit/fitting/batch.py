@@ -85,8 +85,8 @@ def in_batch_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]
             following += 1
 
 
-# How often the main thread looks whether a sample has finished: short against any sample (the
-# tiniest take ~20 ms) and long enough to leave the cores to the chains.
+# How often the main thread looks whether a sample has finished: short against even the tiniest
+# sample and long enough to leave the cores to the chains.
 _POLL_SECONDS = 0.002
 
 

@@ -2,10 +2,9 @@
 
 A fit job writes one file per dataset on the thread that also builds the next dataset's model
 while the chains sample; with the machine's cores busy sampling, that thread's CPU time is the
-job's rate (README, "Throughput"). xarray's store took 19 ms to write the example model's fit
-(34 small variables; measured by hand, idle machine), the same netCDF4 calls made here 15 ms:
-its file manager, locks and per-variable checks sit around each call. The fit job's rate with
-either is what ``benchmarks/throughput.py`` prints.
+job's rate. xarray's store puts its file manager, locks and per-variable checks around each
+netCDF4 call, a noticeable part of writing a small fit; here the same calls are made without
+them. The fit job's rate is what ``benchmarks/throughput.py`` prints.
 
 The encoding is xarray's own (`compat.netcdf4_encoded`); only the netCDF4 calls are made here: the
 file has the same groups, dimensions, variables, types, attributes and storage layout, which
@@ -109,7 +108,7 @@ def _write_group(target: Any, group: _Group) -> None:
 def write_fit(tree: Any, path: Path) -> None:
     """Write one dataset's DataTree atomically (never a half-written file under the final name).
 
-    The netCDF C library writes a fit's ~30 small variables about 4x faster than h5netcdf, and
+    The netCDF C library writes a fit's many small variables much faster than h5netcdf, and
     `batchfit.fitting.fit_file` calls it without xarray's store around each call; the file is
     the one ``tree.to_netcdf(engine="netcdf4")`` writes.
     """

@@ -20,8 +20,8 @@ coordinates of every dataset with that column), is part of the digest too.
 
 Plan-time cost: data files are hashed through a cache (``{results}/data_sha256.json``) keyed by
 path, size and modification time; a file whose modification time changed is hashed again and, if
-its content is the same, gives the same digest. Fits are read through their sidecars (~0.06 ms
-each, against ~1 ms to open a NetCDF file, plus 0.25 s to import netCDF4), and only a fit whose
+its content is the same, gives the same digest. Fits are read through their small sidecars,
+far cheaper than opening a NetCDF file (and importing netCDF4 to do so), and only a fit whose
 sidecar is missing or does not match it (its size and modification time) is opened.
 """
 
@@ -191,9 +191,8 @@ def write_planned(config: Config) -> None:
     files' digests and the coding registry (`batchfit.data.coding.write_planned`).
 
     Called where a run starts (`batchfit.sweep.plan.write_plan`): otherwise the first jobs hash
-    and scan every data file again, one behind the other at the registry's lock (a warm sweep of
-    100 tiny datasets on 2 cores, its results deleted, took 9.84-9.99 s, and 9.36-9.54 s with
-    this; by hand). Not over files a process wrote since.
+    and scan every data file again, one behind the other at the registry's lock, which slows a
+    warm sweep of many small datasets (`benchmarks/sweep.py`). Not over files a process wrote since.
     """
     write_planned_coding(config)
     path = config.layout.data_digests

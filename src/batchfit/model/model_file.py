@@ -1,6 +1,6 @@
 """Load a user's model file and build its PyMC model for a dataset, checking batchfit's contract.
 
-The contract (README, "Writing a model"): the file defines ``build_model(data) -> pm.Model``;
+The contract (docs/model.md, "The contract"): the file defines ``build_model(data) -> pm.Model``;
 every array that differs between datasets enters the model as ``pm.Data(name, data[name])``
 under its column's name, and dimension labels come from ``data.coords``. Then one compiled
 model serves every dataset, because datasets differ only in the values of those containers.
@@ -70,7 +70,7 @@ def load_model_file(path: Path) -> ModuleType:
     if not callable(getattr(module, "build_model", None)):
         raise ModelContractError(
             f"model file {path} defines no function build_model(data); batchfit calls it with each "
-            "dataset and expects a pm.Model back (see README, 'Writing a model')"
+            "dataset and expects a pm.Model back (see batchfit's docs/model.md)"
         )
     _MODULES[key] = module
     _FOLDERS[module] = folder

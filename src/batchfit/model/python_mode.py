@@ -13,8 +13,8 @@ def python_mode() -> Iterator[None]:
     ``mode="FAST_COMPILE"`` alone is not enough: PyTensor 3.3 links the inner function of a
     ``Scan`` (PyMC's ``LKJCorr`` initial point has one) with the default ``"vm"`` linker
     (``InnerFunctionOp.link_mode`` in ``pytensor/compile/inner_function.py``), which compiles
-    every op's C code with g++: 17 modules and 10.6 s for one ``LKJCorr`` on an empty cache,
-    11.6 s of the cold compile of ``models/grouped_mvnormal.py``. With no C++ compiler
+    every op's C code with g++: on an empty cache, a large part of the cold compile of
+    ``models/grouped_mvnormal.py`` (benchmarks/HISTORY.md). With no C++ compiler
     configured (``cxx=""``, PyTensor's documented switch) the VM runs each op's ``perform``.
     """
     import pytensor

@@ -151,8 +151,8 @@ def collect_fits(
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
     cache = SummaryCache(out.summaries, summary, thresholds)
-    # Paths as text: 10,000 Path objects take ~10 MiB, and most of it stays with the process once
-    # they are freed (collect's peak at 10,000 tiny fits, by hand: 183.5 -> 173.0 MiB)
+    # Paths as text: Path objects cost memory per dataset, and most of it stays with the process
+    # once they are freed, so collect's peak would grow with N (`benchmarks/collect.py`)
     cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}

@@ -1,7 +1,7 @@
 """posteriors.nc: every fitted dataset's posterior stacked along a leading ``dataset`` dimension.
 
-One NetCDF group per dataset does not scale (creating a variable costs ~17 ms in HDF5, so 1,000
-datasets took 151 s to write) and ArviZ cannot read it (a group is not an InferenceData). This
+One NetCDF group per dataset does not scale (HDF5 is slow to create a variable, and each dataset
+would add a set of them) and ArviZ cannot read it (a group is not an InferenceData). This
 layout has a fixed number of variables whatever the number of datasets, and is a DataTree that
 ArviZ takes as it is:
 
@@ -224,7 +224,7 @@ def no_chunk_cache() -> Iterator[None]:
 
     Collect writes (and reads) each block once, whole, so a cache would only hold blocks already
     done: netCDF's default (up to 64 MiB and 1,009 chunks per variable) made collect's memory
-    grow with the number of datasets (+31 MiB from 200 to 1,000 datasets; +1 MiB without).
+    grow with the number of datasets (`benchmarks/collect.py`).
     """
     previous = netCDF4.get_chunk_cache()
     netCDF4.set_chunk_cache(0, 1, 1.0)
@@ -286,7 +286,7 @@ def open_presence(path: Path) -> xr.Dataset:
     all `dataset_posterior` reads.
 
     Not the whole group: xarray's netCDF4 backend reads every text variable of a group it opens
-    (each dataset's provenance, keys and versions, ~4 KB a dataset: +91 MiB at 10,000 datasets).
+    (each dataset's provenance, keys and versions: a reader's memory would grow with the sweep).
     """
     with netCDF4.Dataset(path) as nc:
         group = nc[DATASETS]
@@ -298,7 +298,7 @@ def dataset_text(path: Path, names: Sequence[str], block: int = 1024) -> Iterato
     """posteriors.nc's `datasets` text variables ``names``, ``block`` datasets at a time ('' where a name is absent).
 
     A block at a time, through netCDF4: all of them at once (each fit's provenance, keys and
-    versions, ~4 KB a dataset) would make a reader's memory grow with the sweep.
+    versions) would make a reader's memory grow with the sweep.
     """
     with netCDF4.Dataset(path) as nc:
         group = nc[DATASETS]

@@ -1,14 +1,13 @@
 """ArviZ's convergence diagnostics (ess bulk and tail, rank r_hat, mcse of mean and sd) for many
 elements at once.
 
-arviz_stats computes these one element at a time: its ``make_ufunc`` loops over elements in
-Python (https://github.com/arviz-devs/arviz/issues/2090), ~2.4 ms per element, which was most of
-collect's time on many small fits (35,000 ``_ess`` calls for 1,000 fits of 7 elements). Here each
-statistic is one NumPy pass over an (element, chain, draw) array, following arviz_stats'
-definitions step by step (``arviz_stats.base.diagnostics``, 1.x; Vehtari et al. 2021,
-https://doi.org/10.1214/20-BA1221), so the values are arviz_stats' own to rounding:
-tests/test_diagnostics.py compares every function with arviz_stats on many posteriors, edge
-cases included.
+arviz_stats computes these one element at a time: its ``make_ufunc`` loops over elements in Python
+(https://github.com/arviz-devs/arviz/issues/2090), which was most of collect's time on many small
+fits (``benchmarks/collect.py``). Here each statistic is one NumPy pass over an (element, chain,
+draw) array, following arviz_stats' definitions step by step (``arviz_stats.base.diagnostics``,
+1.x; Vehtari et al. 2021, https://doi.org/10.1214/20-BA1221), so the values are arviz_stats' own to
+rounding: tests/test_diagnostics.py compares every function with arviz_stats on many posteriors,
+edge cases included.
 """
 
 from __future__ import annotations
@@ -106,7 +105,7 @@ def _normal_scores(size: int) -> np.ndarray:
     Average ranks are whole or half numbers, so one table of ``2 * size - 1`` normal quantiles
     serves every row of every fit of that size, from `statistics.NormalDist.inv_cdf` (Wichura's
     AS241, as precise as the ``scipy.special.ndtri`` arviz_stats uses, to ~1 ulp) rather than
-    importing scipy.special (~0.17 s of every collect process, by hand).
+    importing scipy.special, a noticeable part of every collect process's start.
     """
     inv_cdf = statistics.NormalDist().inv_cdf
     ranks = np.arange(2, 2 * size + 1) / 2
@@ -138,7 +137,7 @@ def _next_5_smooth(n: int) -> int:
 def _average_ranks(rows: np.ndarray) -> np.ndarray:
     """Ranks 1..n within each row, ties sharing their average rank, a row with a NaN all NaN (an infinite
     draw's folded value is): ``scipy.stats.rankdata(method="average")`` without importing scipy.stats
-    (~0.4 s of every collect and plots job; see `batchfit.outputs.intervals`)."""
+    (a noticeable part of every collect and plots job; see `batchfit.outputs.intervals`)."""
     n = rows.shape[-1]
     order = np.argsort(rows, axis=-1, kind="stable")
     ordered = np.take_along_axis(rows, order, axis=-1)

@@ -22,7 +22,7 @@ def group_dataset(group: netCDF4.Group) -> xr.Dataset:
     their attributes, dimension variables as coordinates.
 
     Far cheaper than ``xr.open_dataset(path, group=...)``, which reads the metadata of the whole
-    file on every open (seconds per fit under load, when SBC ranks or plots read hundreds).
+    file on every open (slow under load, when SBC ranks or plots read hundreds of fits).
     """
     variables = {name: (var.dimensions, var[...], {k: var.getncattr(k) for k in var.ncattrs() if not k.startswith("_")})
                  for name, var in group.variables.items()}
@@ -49,7 +49,7 @@ def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, int]:
             recorded = root_attrs.get("dataset", dataset_id)
             if recorded != dataset_id:
                 raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
-            posterior = decoded_group(nc["posterior"])  # through the open file: opening it again costs ~1 ms
+            posterior = decoded_group(nc["posterior"])  # through the open file, not opening it again
         posterior.attrs = {**posterior.attrs, **root_attrs}
         return posterior, divergences
     except (OSError, ValueError, RuntimeError) as exc:

@@ -2,10 +2,10 @@
 
 collect and the plots rule need only these two functions of arviz_stats, whose import
 (``arviz_stats/__init__`` imports its LOO module, which imports ``scipy.stats`` through
-xarray_einstats) took ~0.7 s of each of those jobs, both on the sweep's critical path. The
-definitions are arviz_stats 1.x's (``arviz_stats/base/core.py``: ``_hdi_linear_nearest_common``
-for ``hdi(method="nearest")``, ``eti`` as NumPy's "linear" quantiles) applied to every row at
-once; tests/test_diagnostics.py compares both with ``arviz_stats.base.array_stats``.
+xarray_einstats) is a noticeable part of each of those jobs, both on the sweep's critical path. The
+definitions are arviz_stats 1.x's (``arviz_stats/base/core.py``: ``_hdi_linear_nearest_common`` for
+``hdi(method="nearest")``, ``eti`` as NumPy's "linear" quantiles) applied to every row at once;
+tests/test_diagnostics.py compares both with ``arviz_stats.base.array_stats``.
 """
 
 from __future__ import annotations

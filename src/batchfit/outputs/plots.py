@@ -39,12 +39,12 @@ DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "
 # would read its message column as float.
 _SUMMARY_TEXT_COLUMNS = ("dataset", "parameter", "status", "message", "structure", "sampler_path")
 # Rows of summary.csv read at a time (a row per dataset and parameter): what a reader holds at once
-# must not grow with the sweep. 20,000 rows took ~35 MiB to parse, 5,000 about a quarter.
+# must not grow with the sweep, and parsing a part costs memory in proportion to its rows.
 SUMMARY_ROWS_AT_ONCE = 5_000
 _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
-# Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws
-# (4 variables x 400 draws) is ~3 MiB, and reading in blocks keeps the rule's memory flat in N.
+# Datasets read from posteriors.nc at once for the forest plots: a block of tiny fits' draws is
+# small, and reading in blocks keeps the rule's memory flat in N.
 # Fewer for a vector variable, as many elements of each variable at once as datasets of a scalar.
 FOREST_BLOCK = 256
 
@@ -71,7 +71,7 @@ def summary_parts(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE,
 
     The text columns are read as Python strings (``object``), not pandas 3's ``str``: that dtype
     keeps its strings in pyarrow's memory pool, whose memory grew with the parts read (the report
-    pages' summary table +11 MiB from 1,000 to 10,000 tiny fits, by hand; flat as ``object``).
+    pages' summary table grew with N; as ``object`` it stays flat).
     """
     text = {column: object for column in _SUMMARY_TEXT_COLUMNS if columns is None or column in columns}
     return pd.read_csv(summary_path, usecols=columns, dtype=text, chunksize=rows_at_once)
@@ -80,7 +80,7 @@ def summary_parts(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE,
 def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
     """The `SweepHealth` of a summary.csv, read a part at a time and kept as counts: a row per dataset
     and parameter, or even a row per dataset, would make the memory of the plots and report
-    rules grow with the sweep (22 MB of text at 10,000 tiny fits).
+    rules grow with the sweep (`benchmarks/sweep.py --scaling` prints each rule's peak memory).
 
     A dataset's rows are consecutive in summary.csv (collect writes it dataset by dataset), so a
     dataset is split between two parts only at their boundary.
@@ -219,8 +219,7 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
         block = max(1, block // widest)
         for start in range(0, len(ids), block):
             # The file is opened again for each block: HDF5's metadata cache and free lists of an
-            # open file grow with the blocks read from it (by hand, reading 1,000 and 10,000
-            # datasets: +19 and +33 MiB through one open file, +16 and +15 MiB opening it per block).
+            # open file grow with the blocks read from it, so one open file's memory grows with N.
             with _posterior_group(posteriors_path) as stacked:
                 loaded = stacked[names].isel({DATASET_DIM: slice(start, start + block)}).load()
             labels: dict[str, list[str]] = {n: [] for n in names}
@@ -259,7 +258,7 @@ def forest_figure(rows: ForestRows, *, max_rows: int, summary: SummarySettings) 
     Each row shows its mean, its `summary.ci_kind` interval at `summary.ci_prob` (as
     summary.csv's) and at 50% (thicker): what arviz-plots' ``plot_forest(combined=True)`` shows,
     drawn in three matplotlib calls for all rows at once (arviz-plots draws each row with calls
-    of its own: 97 s for 1,000 rows, and most of the plots rule's time at 20).
+    of its own, most of the plots rule's time even for a small sweep).
     """
     n_rows = len(rows.labels)
     sorted_view = n_rows > max_rows
@@ -332,5 +331,5 @@ def _save(fig: Figure, path: Path) -> None:
     """Write a figure atomically, as every output of a sweep (a `Figure` without pyplot: nothing to close)."""
     with atomic_path(path) as tmp:
         # Not bbox_inches="tight": the constrained layout already fits the figure to its
-        # contents, and "tight" draws every figure twice (~0.1 s of the plots rule at 100 datasets).
+        # contents, and "tight" draws every figure twice.
         fig.savefig(tmp, dpi=100)

@@ -89,9 +89,9 @@ class SummaryCache:
         """Keep the summarised variables' draws for `staged_draws`, by the entry's key (fit content and settings).
 
         posteriors.nc is written after every entry is known (its layout is their union), so
-        without this each new fit is read twice; reading a fit again costs ~16 ms for a tiny
-        one, mostly netCDF-C opening the file (it reads the metadata of every variable in every
-        group), against ~1 ms to save and load these arrays (up to `STAGE_MAX_BYTES`).
+        without this each new fit is read twice. Reading a tiny fit again costs far more than
+        saving and loading these arrays (up to `STAGE_MAX_BYTES`): netCDF-C opening the file reads
+        the metadata of every variable in every group.
         """
         if sum(a.nbytes for a in arrays) > STAGE_MAX_BYTES:
             return

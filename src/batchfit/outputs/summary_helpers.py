@@ -1,15 +1,15 @@
 """Summarising many fits in several processes at once, for collect.
 
-A fit's summary (reading it and ArviZ's diagnostics: ~15 ms for a tiny fit) depends on that fit
-alone, so collect shares new fits out between itself and helper processes, each writing the fits'
-summary cache entries and staged draws (`batchfit.outputs.summaries.SummaryCache`); collect then finds them
+A fit's summary (reading it and ArviZ's diagnostics) depends on that fit alone, so collect
+shares new fits out between itself and helper processes, each writing the fits' summary cache
+entries and staged draws (`batchfit.outputs.summaries.SummaryCache`); collect then finds them
 cached. A helper is ``python -m batchfit.outputs.summary_helpers`` reading its part on stdin and printing
 each dataset id whose entry it wrote (a `batchfit.common.standby` process).
 
-A helper's start (Python and collect's imports: ~0.85 s, by hand) costs as much as summarising
-~55 tiny fits, so `batchfit.sweep.stages.run_collect` starts the helpers before it imports collect
-and computes the sweep's digests: the helpers start up meanwhile, and are ready when collect
-knows which fits are new (at 100 tiny fits on 2 cores, collect's summarising took 1.5 s alone).
+A helper's start (Python and collect's imports) costs as much as summarising dozens of tiny
+fits, so `batchfit.sweep.stages.run_collect` starts the helpers before it imports collect and
+computes the sweep's digests: the helpers start up meanwhile, and are ready when collect knows
+which fits are new (``benchmarks/collect.py`` times collect).
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ def plan(config: Config, cores: int | None = 1) -> Plan:
     return Plan(datasets, batches)
 
 
-# `batch_size: auto`. Every fit job first pays a fixed start (~2.3 s of imports and cache load on a
-# laptop, more on a cluster's shared filesystem, plus the queue's wait there).
+# `batch_size: auto`. Every fit job first pays a fixed start (imports and cache load, longer on a
+# cluster's shared filesystem, plus the queue's wait there; `benchmarks/sweep.py` prints it locally).
 _LOCAL_MIN_BATCH = 4  # below this, a job's start costs more than running the datasets in fewer jobs
 
 

@@ -16,7 +16,7 @@ log = logging.getLogger("batchfit")
 # A fit job's resources: what the compile stage measured (`measure_fit`), scaled to the sweep's
 # sampler and the batch, with margins: sampling time varies between datasets far more than memory.
 # Before any measurement (a compile stamp written by an older batchfit) the defaults apply.
-_JOB_START_SECONDS = 120  # imports and cache load (~3 s locally, far more on a busy shared filesystem)
+_JOB_START_SECONDS = 120  # imports and cache load: seconds locally, far more on a busy shared filesystem
 
 
 _TIME_MARGIN = 3.0

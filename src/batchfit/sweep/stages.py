@@ -106,14 +106,14 @@ def run_collect(config: Config, *, workers: int = 1) -> Any:
     # own, and the digests' computing: ready when collect knows which fits are new.
     with summary_helpers.started(summary_helpers.helpers_for(workers, len(datasets))) as helpers:
 
-        # Only the ids and digests outlive these lines: collect's peak memory at 10,000 datasets
-        # held each dataset's Path (~7 MB) and recorded digest (~2 MB) to the end.
+        # Only the ids and digests outlive these lines: otherwise collect's peak memory holds each
+        # dataset's Path and recorded digest to the end, a growth with N (`benchmarks/collect.py`).
         expected = expected_digests(config, datasets)
         dataset_ids = list(datasets)
         del datasets
         # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
-        # say so before collect reads and summarises each fit only to refuse it (190 s at 10,000
-        # datasets). collect still checks the digest each fit itself recorded.
+        # say so before collect spends as long as a whole collect reading and summarising each fit
+        # only to refuse it. collect still checks the digest each fit itself recorded.
         stale, n_fits = [], 0
         for d in dataset_ids:
             recorded = recorded_digest(config, d)

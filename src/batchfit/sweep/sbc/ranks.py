@@ -136,8 +136,8 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
                 raise ModelContractError(
                     f"the simulator ({generator_file(config)}) defines no variable {name!r}, "
                     f"which the fitted model has; truth file {config.layout.sbc.truth(sim)}")
-            # (chain, draw, ...) -> (sample, ...), chain-major as xarray's stack; NumPy, since a
-            # stack per variable and simulation took a third of this step
+            # (chain, draw, ...) -> (sample, ...), chain-major as xarray's stack; NumPy, since an
+            # xarray stack per variable and simulation was a large part of this step
             values = var.transpose("chain", "draw", ...).values
             draws = values.reshape(-1, *values.shape[2:])
             true = np.asarray(truth[name], dtype=float)
