@@ -14,7 +14,7 @@ Two parts:
   Censored, Truncated, mixtures, ZeroSumNormal, LKJCholeskyCov, time series, a GP, integer
   index data, missing values).
 
-Every model follows batchfit's contract (README, "Writing a model"): ``build_model(data)`` with
+Every model follows batchfit's contract (docs/model.md): ``build_model(data)`` with
 each array entering as ``pm.Data`` named after its column. Data are fixed (seeded), small and
 written by `write_case`; this module imports PyMC only inside functions that need it.
 """
