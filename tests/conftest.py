@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import venvs
-import yaml
+from testkit import HIERARCHICAL, REPO, write_config
 
-REPO = Path(__file__).resolve().parents[1]
 _KEEP = "BATCHFIT_TEST_CACHE" in os.environ  # given by the user, or inherited by an xdist worker
 _NEW_CACHE = Path(tempfile.gettempdir()) / f"batchfit-tests-{os.getpid()}"
 SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", _NEW_CACHE))
@@ -49,11 +48,10 @@ def session_cache() -> Path:
 def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled hierarchical model compiled into the session cache (as `batchfit compile` does)."""
     root = tmp_path_factory.mktemp("hierarchical-entry")
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": str(REPO / "models" / "hierarchical.py"), "datasets": [str(REPO / "data" / "example" / "*.csv")],
+    config = write_config(root / "config.yaml", {
+        "model": str(HIERARCHICAL), "datasets": [str(REPO / "data" / "example" / "*.csv")],
         "columns": {"group": {"scope": "dataset"}}, "cache_dir": str(session_cache),
-        "results_dir": str(root / "results")}))
+        "results_dir": str(root / "results")})
     run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "compile", "--config", str(config)],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"compiling the hierarchical model failed:\n{run.stdout}\n{run.stderr[-3000:]}"

@@ -32,6 +32,19 @@ import xarray as xr
 import yaml
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
+from testkit import (
+    HIERARCHICAL,
+    REPO,
+    manifests,
+    mtimes,
+    output_of,
+    posterior_arrays,
+    snakemake,
+    snakemake_command,
+    sweep_settings,
+    table,
+    write_config,
+)
 
 from batchfit import cli
 from batchfit.config import Config, config_from_dict, load_config
@@ -41,73 +54,11 @@ from batchfit.model.simulate import simulate_datasets
 if TYPE_CHECKING:
     from batchfit.fitting.outcome import Outcome
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "models" / "hierarchical.py"
-SNAKEFILE = REPO / "Snakefile"
-_SNAKEMAKE_BIN = Path(sys.executable).with_name("snakemake")
-SNAKEMAKE = [str(_SNAKEMAKE_BIN)] if _SNAKEMAKE_BIN.exists() else [sys.executable, "-m", "snakemake"]
 OTHER_UID = 54321  # owner of the "shared" cache directories (not the user running the tests)
 
 
 def _error_names(cls: type) -> set[str]:
     return {cls.__name__} | {name for sub in cls.__subclasses__() for name in _error_names(sub)}
-
-
-# --- helpers -------------------------------------------------------------------------------------
-
-
-def table(seed: int, n_rows: int, n_groups: int) -> pd.DataFrame:
-    """A clean dataset for the hierarchical example model (columns group, x, y)."""
-    rng = np.random.default_rng([7, seed])
-    idx = np.arange(n_rows) % n_groups
-    intercepts = rng.normal(1.0, 1.0, size=n_groups)
-    x = rng.normal(size=n_rows)
-    y = intercepts[idx] + 0.7 * x + rng.normal(0.0, 0.5, size=n_rows)
-    return pd.DataFrame({"group": [f"g{k:02d}" for k in idx], "x": x.round(4), "y": y.round(4)})
-
-
-def sweep_config(cache_dir: Path, **changes: object) -> dict:
-    """A small, fast sweep config (paths relative to the project directory)."""
-    config = {
-        "model": str(MODEL),
-        "datasets": ["data/*.csv"],
-        "sampler": {"draws": 100, "tune": 100, "chains": 2, "target_accept": 0.9, "seed": 2026},
-        "batch_size": 3,
-        "cache_dir": str(cache_dir),
-        "results_dir": "results",
-    }
-    config.update(changes)
-    return config
-
-
-def write_config(path: Path, data: dict) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def snakemake(workdir: Path, configfile: Path, *args: str, timeout: float = 600,
-              cores: int = 2) -> subprocess.CompletedProcess:
-    """Run the real snakemake on the repository's Snakefile in ``workdir``."""
-    command = [*SNAKEMAKE, *args, "--cores", str(cores), "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
-               "--configfile", str(configfile)]  # last: --configfile would take targets as more files
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout)
-
-
-def output_of(run: subprocess.CompletedProcess) -> str:
-    return f"{run.stdout}\n{run.stderr}"
-
-
-def mtimes(directory: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in sorted(directory.glob("*.nc"))}
-
-
-def manifests(results: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in (results / "batches").glob("*.json")}
-
-
-def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
-    with xr.open_datatree(path, engine="h5netcdf") as tree:
-        return {name: np.asarray(var.values) for name, var in tree["posterior"].to_dataset().data_vars.items()}
 
 
 # --- 1. config errors: before any work, naming key and file -------------------------------------
@@ -129,7 +80,7 @@ CONFIG_ERRORS = [
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project directory with three good datasets and two broken model files."""
-    simulate_datasets(MODEL, tmp_path / "data", 3, seed=11, prefix="d")
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 3, seed=11, prefix="d")
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "no_build.py").write_text("import math\n\ndef build(data):\n    return None\n")
     (tmp_path / "models" / "broken.py").write_text("def build_model(data) return 1\n")
@@ -140,7 +91,7 @@ def project(tmp_path: Path) -> Path:
 def test_config_error_via_cli_check(project: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture, change: dict, key: str, fragment: str) -> None:
     monkeypatch.chdir(project)
-    config = write_config(project / "sweep.yaml", sweep_config(session_cache, **change))
+    config = write_config(project / "sweep.yaml", sweep_settings(session_cache, **change))
     code = cli.main(["check", "--config", str(config)])
     err = capsys.readouterr().err.strip()
     assert code == 2
@@ -152,7 +103,7 @@ def test_config_error_via_cli_check(project: Path, session_cache: Path, monkeypa
 @pytest.mark.parametrize(("change", "key", "fragment"), CONFIG_ERRORS)
 def test_config_error_via_snakemake_dry_run(project: Path, session_cache: Path, change: dict, key: str,
                                             fragment: str) -> None:
-    config = write_config(project / "sweep.yaml", sweep_config(session_cache, **change))
+    config = write_config(project / "sweep.yaml", sweep_settings(session_cache, **change))
     run = snakemake(project, config, "-n")
     out = output_of(run)
     assert run.returncode != 0
@@ -162,7 +113,7 @@ def test_config_error_via_snakemake_dry_run(project: Path, session_cache: Path, 
 
 
 def test_valid_config_dry_run_plans_batches_and_writes_nothing(project: Path, session_cache: Path) -> None:
-    config = write_config(project / "sweep.yaml", sweep_config(session_cache))
+    config = write_config(project / "sweep.yaml", sweep_settings(session_cache))
     run = snakemake(project, config, "-n")
     assert run.returncode == 0, output_of(run)
     assert "rule fit:" in run.stdout and "output: results/batches/batch-" in run.stdout
@@ -171,10 +122,9 @@ def test_valid_config_dry_run_plans_batches_and_writes_nothing(project: Path, se
 
 def test_config_file_defaults_are_the_schema_defaults_not_the_example(project: Path, session_cache: Path) -> None:
     """A --configfile replaces config/config.yaml: keys it omits get the documented defaults."""
-    minimal = write_config(project / "minimal.yaml", {"model": str(MODEL), "datasets": [str(project / "data/*.csv")],
-                                                       "cache_dir": str(session_cache)})
-    run = subprocess.run([*SNAKEMAKE, "-n", "--nolock", "--cores", "1", "--configfile", str(minimal)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    minimal = write_config(project / "minimal.yaml", {
+        "model": str(HIERARCHICAL), "datasets": [str(project / "data/*.csv")], "cache_dir": str(session_cache)})
+    run = snakemake(REPO, minimal, "-n", "--nolock", cores=1, timeout=300)  # in the repository, beside the example
     assert run.returncode == 0, output_of(run)
     assert "output: results/batches/batch-" in run.stdout  # the default results_dir, not results/example
     assert "results/example" not in run.stdout
@@ -200,7 +150,7 @@ def test_check_lists_every_bad_dataset_with_file_and_column(project: Path, sessi
     good.to_csv(data / "ctl\x01x.csv", index=False)
     (project / "other").mkdir()
     good.to_csv(project / "other" / "d_001.csv", index=False)  # same id as data/d_001.csv
-    config = write_config(project / "sweep.yaml", sweep_config(session_cache, datasets=["data/*", "other/*.csv"]))
+    config = write_config(project / "sweep.yaml", sweep_settings(session_cache, datasets=["data/*", "other/*.csv"]))
     monkeypatch.chdir(project)
 
     code = cli.main(["check", "--config", str(config)])
@@ -238,13 +188,13 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     tmp_path: Path, session_cache: Path
 ) -> None:
     data = tmp_path / "data"
-    simulate_datasets(MODEL, data, 4, seed=3, prefix="d")
+    simulate_datasets(HIERARCHICAL, data, 4, seed=3, prefix="d")
     bad_nan = table(2, 40, 4)
     bad_nan.loc[7, "y"] = np.nan
     bad_nan.to_csv(data / "c_nan.csv", index=False)  # ids sort first: the batch starts with failures
     table(3, 40, 4).rename(columns={"y": "outcome"}).to_csv(data / "c_nocol.csv", index=False)
-    model = Path(shutil.copy(MODEL, tmp_path / "model.py"))  # run 6 touches it
-    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=3, model=str(model)))
+    model = Path(shutil.copy(HIERARCHICAL, tmp_path / "model.py"))  # run 6 touches it
+    config = write_config(tmp_path / "sweep.yaml", sweep_settings(session_cache, batch_size=3, model=str(model)))
     results = tmp_path / "results"
     good = [f"d_{i:03d}" for i in range(4)]
 
@@ -390,8 +340,8 @@ def test_a_batch_whose_every_dataset_fails_to_initialise_exits_cleanly(tmp_path:
     data.mkdir()
     for i in range(2):
         unreachable(i).to_csv(data / f"bad{i}.csv", index=False)
-    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, results_dir=str(tmp_path / "results"),
-                                                               datasets=[str(data / "*.csv")]))
+    config = write_config(tmp_path / "sweep.yaml", sweep_settings(session_cache, results_dir=str(tmp_path / "results"),
+                                                                 datasets=[str(data / "*.csv")]))
     run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "fit", "--config", str(config)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode >= 0, f"killed by signal {-run.returncode}\n{output_of(run)}"
@@ -408,7 +358,7 @@ def test_sweep_with_batches_that_all_fail_to_initialise_finishes(tmp_path: Path,
     for i in range(4):  # ids sort first: two batches of two, every dataset failing
         unreachable(i).to_csv(data / f"a_bad{i}.csv", index=False)
     table(9, 40, 4).to_csv(data / "b_good.csv", index=False)
-    config = write_config(tmp_path / "sweep.yaml", sweep_config(session_cache, batch_size=2))
+    config = write_config(tmp_path / "sweep.yaml", sweep_settings(session_cache, batch_size=2))
     run = snakemake(tmp_path, config)
     out = output_of(run)
     assert run.returncode != 0, out
@@ -433,23 +383,17 @@ def test_killed_fit_job_leaves_nothing_half_written_and_a_rerun_gives_the_same_p
         for i, dataset_id in enumerate(ids):
             (project / "data").mkdir(parents=True, exist_ok=True)
             table(100 + i, 3000, 6).to_csv(project / "data" / f"{dataset_id}.csv", index=False)
-        runs[name] = (project, write_config(project / "sweep.yaml", sweep_config(session_cache, batch_size=6)))
+        runs[name] = (project, write_config(project / "sweep.yaml", sweep_settings(session_cache, batch_size=6)))
 
     # The uninterrupted reference run, in the background meanwhile.
     ref_project, ref_config = runs["reference"]
-    reference = subprocess.Popen(
-        [*SNAKEMAKE, "--cores", "2", "--snakefile", str(SNAKEFILE), "--directory", str(ref_project),
-         "--configfile", str(ref_config)],
-        cwd=ref_project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    reference = subprocess.Popen(snakemake_command(ref_project, ref_config), cwd=ref_project, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
 
     project, config = runs["killed"]
     fits = project / "results" / "fits"
-    job = subprocess.Popen(
-        [*SNAKEMAKE, "--cores", "2", "--snakefile", str(SNAKEFILE), "--directory", str(project),
-         "--configfile", str(config)],
-        cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    job = subprocess.Popen(snakemake_command(project, config), cwd=project, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not any(fits.glob("s_*.nc")):
@@ -506,8 +450,8 @@ def test_a_badly_sampling_dataset_is_a_warning_with_its_diagnostics(tmp_path: Pa
         table(20 + i, 400, 8).to_csv(tmp_path / "data" / f"good_{i}.csv", index=False)
     table(99, 3, 3).to_csv(tmp_path / "data" / "tiny.csv", index=False)  # one row per group: a funnel
     thresholds = {"max_r_hat": 1.06, "min_ess_bulk": 150, "max_divergences": 0}
-    config = config_from_dict(sweep_config(session_cache, health=thresholds,
-                                           sampler={"draws": 200, "tune": 200, "chains": 2, "seed": 3}))
+    config = config_from_dict(sweep_settings(session_cache, health=thresholds,
+                                             sampler={"draws": 200, "tune": 200, "chains": 2, "seed": 3}))
     assert run_fit(config) == 0
     report = run_collect(config)
     assert (report.n_ok, report.n_warning, report.n_failed) == (3, 1, 0)
@@ -552,7 +496,7 @@ class Fuzz:
         data = self.root / dataset_id / "data"
         data.mkdir(parents=True)
         table(0, 50, 4).to_csv(data / "aaa_ref.csv", index=False)
-        config = config_from_dict(sweep_config(
+        config = config_from_dict(sweep_settings(
             self.cache, datasets=[str(data / "*")], results_dir=str(data.parent / "results"),
             sampler={"draws": 20, "tune": 20, "chains": 1, "seed": 1}))
         return config, data
@@ -809,7 +753,7 @@ def untrusted(path: Path) -> Path:
 def test_untrusted_cache_is_refused_by_the_cli(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture, command: list[str]) -> None:
     shared = untrusted(project / "shared-cache")
-    config = write_config(project / "sweep.yaml", sweep_config(shared))
+    config = write_config(project / "sweep.yaml", sweep_settings(shared))
     monkeypatch.chdir(project)
     code = cli.main([*command, "--config", str(config)])
     err = capsys.readouterr().err
@@ -822,14 +766,14 @@ def test_untrusted_cache_is_refused_by_the_cli(project: Path, monkeypatch: pytes
 
 def test_trust_shared_overrides_the_refusal(project: Path) -> None:
     shared = untrusted(project / "shared-cache")
-    config = sweep_config(shared, cache={"trust_shared": True})
+    config = sweep_settings(shared, cache={"trust_shared": True})
     path = write_config(project / "sweep.yaml", config)
     env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}  # a separate process: its own cache
     run = subprocess.run([sys.executable, "-m", "batchfit.cli", "cache", "info", "--config", str(path)],
                          cwd=project, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, output_of(run)
     assert (shared / "batchfit" / "entries").is_dir()
-    refused = write_config(project / "refused.yaml", sweep_config(shared))
+    refused = write_config(project / "refused.yaml", sweep_settings(shared))
     run = subprocess.run([sys.executable, "-m", "batchfit.cli", "cache", "info", "--config", str(refused)],
                          cwd=project, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 2 and "trust_shared" in run.stderr
@@ -840,14 +784,14 @@ def test_untrusted_cache_stops_the_pipeline_and_trust_shared_lets_it_run(project
     shared = project / "shared-cache"
     shutil.copytree(session_cache, shared, symlinks=True)  # the session's entries: no cold compile
     untrusted(shared)
-    config = write_config(project / "sweep.yaml", sweep_config(shared))
+    config = write_config(project / "sweep.yaml", sweep_settings(shared))
     run = snakemake(project, config)
     assert run.returncode != 0
     logs = "\n".join(p.read_text() for p in (project / "results" / "logs").rglob("*.log"))
     assert f"cache directory {shared} is writable by other users" in logs and "trust_shared: true" in logs, logs
     assert not list((project / "results").glob("fits/*.nc")) and not (project / "results" / "summary.csv").exists()
 
-    config = write_config(project / "sweep.yaml", sweep_config(shared, cache={"trust_shared": True}))
+    config = write_config(project / "sweep.yaml", sweep_settings(shared, cache={"trust_shared": True}))
     run = snakemake(project, config)
     assert run.returncode == 0, output_of(run)
     assert sorted(p.stem for p in (project / "results" / "fits").glob("*.nc")) == ["d_000", "d_001", "d_002"]
