@@ -58,6 +58,19 @@ def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFac
     return session_cache
 
 
+@pytest.fixture
+def small_project(tmp_path: Path) -> Path:
+    """A project directory with three good datasets (data/d_000.csv to d_002.csv) and two broken
+    model files (models/no_build.py, models/broken.py)."""
+    from batchfit.model.simulate import simulate_datasets  # not at the top, which runs before the env is set
+
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 3, seed=11, prefix="d")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "no_build.py").write_text("import math\n\ndef build(data):\n    return None\n")
+    (tmp_path / "models" / "broken.py").write_text("def build_model(data) return 1\n")
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def user_bin() -> Path:
     """bin/ of .venv-user: batchfit as a user installs it (no extras), from this working tree (tests/venvs.py)."""
