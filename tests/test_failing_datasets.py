@@ -34,6 +34,13 @@ from testkit import (
 from batchfit.model.simulate import simulate_datasets
 
 
+def rerun(project: Path, config: Path, cores: int = 2) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
+    """The sweep in ``project`` run again: the run, and the manifests of the batches it added, by batch."""
+    before = manifests(project / "results")
+    run = snakemake(project, config, cores=cores)
+    return run, {k: v for k, v in manifests(project / "results").items() if k not in before}
+
+
 @pytest.mark.slow
 def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pending(
     tmp_path: Path, session_cache: Path
@@ -76,18 +83,16 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     # Run 2: fix c_nan; it is fitted, c_nocol fails again, no good dataset is touched. On one
     # core, so the jobs after collect run one at a time: the report's still come before status fails.
     table(2, 40, 4).to_csv(data / "c_nan.csv", index=False)
-    before = manifests(results)
     forest = sorted((results / "plots" / "forest").glob("*.png"))
     report_files = [results / "plots" / "health.png", *forest,
                     *(results / "report" / f"{page}.html" for page in ("health", "summary", "failures", "provenance"))]
     assert forest and all(path.is_file() for path in report_files), report_files  # run 1 (two cores) wrote them
     for path in report_files:
         path.unlink()
-    run = snakemake(tmp_path, config, cores=1)
+    run, new = rerun(tmp_path, config, cores=1)
     assert run.returncode != 0
     assert "batchfit: 1 dataset(s) failed (c_nocol)" in output_of(run)
     assert all(path.is_file() for path in report_files), output_of(run)
-    new = {k: v for k, v in manifests(results).items() if k not in before}
     assert [sorted(m["datasets"]) for m in new.values()] == [["c_nan", "c_nocol"]]
     statuses = {d: o["status"] for m in new.values() for d, o in m["datasets"].items()}
     assert statuses == {"c_nan": "ok", "c_nocol": "failed"}
@@ -97,10 +102,9 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
 
     # Run 3: fix the other one; only it is fitted, in a batch of its own, and the sweep succeeds.
     table(3, 40, 4).to_csv(data / "c_nocol.csv", index=False)
-    before = manifests(results)
-    run = snakemake(tmp_path, config)
+    run, new = rerun(tmp_path, config)
     assert run.returncode == 0, output_of(run)
-    [(batch, manifest)] = [(k, v) for k, v in manifests(results).items() if k not in before]
+    [(batch, manifest)] = new.items()
     assert list(manifest["datasets"]) == ["c_nocol"]
     log = (results / "logs" / "fit" / f"{batch}.log").read_text()
     assert "c_nocol: ok" in log
@@ -112,11 +116,9 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
 
     # Run 4: a new dataset added to the finished sweep is the only one fitted.
     table(4, 60, 5).to_csv(data / "d_004.csv", index=False)
-    before = manifests(results)
-    run = snakemake(tmp_path, config)
+    run, new = rerun(tmp_path, config)
     assert run.returncode == 0, output_of(run)
-    new = [v for k, v in manifests(results).items() if k not in before]
-    assert [list(m["datasets"]) for m in new] == [["d_004"]]
+    assert [list(m["datasets"]) for m in new.values()] == [["d_004"]]
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "d_004.nc"} == fitted
     assert set(pd.read_csv(results / "summary.csv")["dataset"]) == {"c_nan", "c_nocol", *good, "d_004"}
     fitted = mtimes(results / "fits")
@@ -124,11 +126,9 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     # Run 5: a corrected data file of a fitted dataset makes only that dataset pending again.
     old = posterior_arrays(results / "fits" / "d_001.nc")
     table(5, 50, 4).to_csv(data / "d_001.csv", index=False)
-    before = manifests(results)
-    run = snakemake(tmp_path, config)
+    run, new = rerun(tmp_path, config)
     assert run.returncode == 0, output_of(run)
-    new = [v for k, v in manifests(results).items() if k not in before]
-    assert [list(m["datasets"]) for m in new] == [["d_001"]]
+    assert [list(m["datasets"]) for m in new.values()] == [["d_001"]]
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "d_001.nc"} == {
         k: v for k, v in fitted.items() if k != "d_001.nc"}
     assert mtimes(results / "fits")["d_001.nc"] > fitted["d_001.nc"]
