@@ -103,7 +103,7 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:
     """The CPU target of the cache key, as a fresh process that applies ``cpu_target`` sees it."""
     code = ("import json, sys; from batchfit.compile.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
-            "import numba, llvmlite.binding as llvm; from batchfit import fingerprint as fp;"
+            "import numba, llvmlite.binding as llvm; from batchfit.compile import fingerprint as fp;"
             "print(json.dumps([fp.environment_fingerprint(), numba.config.CPU_NAME, numba.config.CPU_FEATURES,"
             "llvm.get_host_cpu_name()]))")
     proc = subprocess.run([sys.executable, "-c", code, cpu_target], env=env, capture_output=True, text=True,
