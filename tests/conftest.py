@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import venvs
-import yaml
+from testkit import HIERARCHICAL, REPO, write_config
 
-REPO = Path(__file__).resolve().parents[1]
 _KEEP = "BATCHFIT_TEST_CACHE" in os.environ  # given by the user, or inherited by an xdist worker
 _NEW_CACHE = Path(tempfile.gettempdir()) / f"batchfit-tests-{os.getpid()}"
 SESSION_CACHE = Path(os.environ.get("BATCHFIT_TEST_CACHE", _NEW_CACHE))
@@ -49,15 +48,27 @@ def session_cache() -> Path:
 def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled hierarchical model compiled into the session cache (as `batchfit compile` does)."""
     root = tmp_path_factory.mktemp("hierarchical-entry")
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": str(REPO / "models" / "hierarchical.py"), "datasets": [str(REPO / "data" / "example" / "*.csv")],
+    config = write_config(root / "config.yaml", {
+        "model": str(HIERARCHICAL), "datasets": [str(REPO / "data" / "example" / "*.csv")],
         "columns": {"group": {"scope": "dataset"}}, "cache_dir": str(session_cache),
-        "results_dir": str(root / "results")}))
+        "results_dir": str(root / "results")})
     run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "compile", "--config", str(config)],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"compiling the hierarchical model failed:\n{run.stdout}\n{run.stderr[-3000:]}"
     return session_cache
+
+
+@pytest.fixture
+def small_project(tmp_path: Path) -> Path:
+    """A project directory with three good datasets (data/d_000.csv to d_002.csv) and two broken
+    model files (models/no_build.py, models/broken.py)."""
+    from batchfit.model.simulate import simulate_datasets  # not at the top, which runs before the env is set
+
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 3, seed=11, prefix="d")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "no_build.py").write_text("import math\n\ndef build(data):\n    return None\n")
+    (tmp_path / "models" / "broken.py").write_text("def build_model(data) return 1\n")
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import HIERARCHICAL, REPO, write_config
 
 from batchfit.cache.store import CacheDir, compile_lock, read_entry
 from batchfit.errors import CacheError
 
-REPO = Path(__file__).resolve().parents[1]
-HIERARCHICAL = REPO / "models" / "hierarchical.py"
 GROUPED = REPO / "models" / "grouped_mvnormal.py"
 BATCHFIT = Path(sys.executable).parent / "batchfit"
 SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 7}
@@ -75,12 +74,11 @@ def simulate(model_file: Path, out_dir: Path, indices: list[int], *, seed: int =
     return paths
 
 
-def write_config(path: Path, *, data_glob: str, cache_dir: Path, results_dir: Path,
-                 model: Path = HIERARCHICAL, **extra: object) -> Path:
-    config = {"model": str(model), "datasets": [data_glob], "sampler": SAMPLER, "cache_dir": str(cache_dir),
-              "results_dir": str(results_dir), **extra}
-    path.write_text(json.dumps(config))
-    return path
+def sweep_file(path: Path, *, data_glob: str, cache_dir: Path, results_dir: Path,
+               model: Path = HIERARCHICAL, **extra: object) -> Path:
+    """The config file ``path`` of a sweep of ``model`` over ``data_glob`` (JSON for FIT_SCRIPT, if .json)."""
+    return write_config(path, {"model": str(model), "datasets": [data_glob], "sampler": SAMPLER,
+                               "cache_dir": str(cache_dir), "results_dir": str(results_dir), **extra})
 
 
 def posterior(fit_file: Path) -> dict[str, np.ndarray]:
@@ -279,8 +277,8 @@ def concurrent_run(tmp_path_factory):
     go = root / "go"
     procs = []
     for i in range(8):
-        config = write_config(root / f"c{i}.json", data_glob=str(root / "data" / "*.csv"),
-                              cache_dir=cache_dir, results_dir=root / f"results{i}")
+        config = sweep_file(root / f"c{i}.json", data_glob=str(root / "data" / "*.csv"),
+                            cache_dir=cache_dir, results_dir=root / f"results{i}")
         procs.append(subprocess.Popen([sys.executable, "-c", FIT_SCRIPT, str(config), data.stem, f"p{i}", f"{go}{i}"],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env_for(cache_dir)))
@@ -332,8 +330,8 @@ def test_warm_process_draws_equal_cold_process_draws(concurrent_run):
     """A later process (B) loading the entry draws bit for bit what the compiling process (A) drew."""
     root, cache_dir = concurrent_run["root"], concurrent_run["cache"]
     [cold] = [i for i, r in enumerate(concurrent_run["results"]) if r["compile"].startswith("cache miss")]
-    config = write_config(root / "b.json", data_glob=str(root / "data" / "*.csv"), cache_dir=cache_dir,
-                          results_dir=root / "results-b")
+    config = sweep_file(root / "b.json", data_glob=str(root / "data" / "*.csv"), cache_dir=cache_dir,
+                        results_dir=root / "results-b")
     result = last_json(run_script(FIT_SCRIPT, config, concurrent_run["data"].stem, "b", cache_dir=cache_dir))
     assert result["compile"].startswith("cache hit"), result
     assert_same_draws(posterior(root / "results-b" / "fits" / f"{concurrent_run['data'].stem}.nc"),
@@ -504,8 +502,8 @@ def test_damaged_entry_is_reported_and_rebuilt(concurrent_run, tmp_path, damage)
     expected = damage(cache, key)
     misses_before = [e["event"] for e in events(cache.root)].count("miss")
 
-    config = write_config(tmp_path / "c.json", data_glob=str(concurrent_run["data"].parent / "*.csv"),
-                          cache_dir=cache.root, results_dir=tmp_path / "results")
+    config = sweep_file(tmp_path / "c.json", data_glob=str(concurrent_run["data"].parent / "*.csv"),
+                        cache_dir=cache.root, results_dir=tmp_path / "results")
     result = last_json(run_script(FIT_SCRIPT, config, concurrent_run["data"].stem, "r", cache_dir=cache.root))
     damaged = [w for w in result["warnings"] if "damaged" in w]
     assert damaged, result["warnings"]

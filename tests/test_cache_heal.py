@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cache import assert_same_draws, cli, env_for, posterior
+from test_cache import assert_same_draws, cli, env_for, posterior, sweep_file
+from testkit import REPO
 
 from batchfit.cache.heal import Damage, file_problem, find_damage, is_damage_error, remove_damage
 from batchfit.cache.store import CacheDir
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "example" / "store_000.csv"
-SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 7}
 
 
 def truncate(data: bytes) -> bytes:
@@ -191,11 +190,8 @@ def test_repair_keeps_the_readable_statistics(tmp_path):
 
 def _config(path: Path, cache_dir: Path, results_dir: Path) -> Path:
     # The optional outputs make the fit job load PyTensor's numba functions from the cache too.
-    config = {"model": str(REPO / "models" / "hierarchical.py"), "datasets": [str(DATA)], "sampler": SAMPLER,
-              "cache_dir": str(cache_dir), "results_dir": str(results_dir),
-              "outputs": {"log_likelihood": True, "posterior_predictive": True}}
-    path.write_text(json.dumps(config))
-    return path
+    return sweep_file(path, data_glob=str(DATA), cache_dir=cache_dir, results_dir=results_dir,
+                      outputs={"log_likelihood": True, "posterior_predictive": True})
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""``batchfit check`` reports, before any sampling, what the fit stage would run into: every
-baked-in value at once (with fixes that work as written), the structure buckets and what
-differs between them, and the path each structure takes."""
+"""``batchfit check`` reports, before any sampling, what the fit stage would run into: every bad
+dataset (with its file and column), every baked-in value at once (with fixes that work as written),
+the structure buckets and what differs between them, and the path each structure takes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from testkit import sweep_settings, table, write_config
 
+from batchfit import cli
 from batchfit.config import config_from_dict
 from batchfit.sweep.check import check_model
 
@@ -138,3 +140,54 @@ def test_a_structure_difference_in_a_long_array_names_its_first_differing_entry(
     [line] = structure_differences(_sized_model(3, centres), _sized_model(3, moved))
     assert line.startswith("variable 'b': a constant is an array of shape (20,) holding 7.5 at [7] here but 7.0 "
                            "in the reference (2 of its 20 entries differ)"), line
+
+
+# --- dataset problems: each bad dataset, with its file and column ---------------------------------
+
+
+def test_check_lists_every_bad_dataset_with_file_and_column(small_project: Path, session_cache: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    data = small_project / "data"
+    good = table(1, 30, 3)
+    (data / "empty.csv").write_bytes(b"")
+    (data / "latin1.csv").write_bytes(b"group,x,y\n\xe9t\xe9,1.0,2.0\n")
+    (data / "notparquet.parquet").write_text("group,x,y\na,1,2\n")
+    (data / "notes.txt").write_text("not a dataset\n")
+    good.drop(columns="y").to_csv(data / "nocol.csv", index=False)
+    good.assign(y=good["y"].astype(object).where(good.index != 4, "abc")).to_csv(data / "text.csv", index=False)
+    good.assign(y=good["y"].where(good.index != 2, np.nan)).to_csv(data / "nan.csv", index=False)
+    good.assign(x=good["x"].where(good.index != 5, np.inf)).to_csv(data / "inf.csv", index=False)
+    good.to_csv(data / "a..b.csv", index=False)
+    good.to_csv(data / "ctl\x01x.csv", index=False)
+    (small_project / "other").mkdir()
+    good.to_csv(small_project / "other" / "d_001.csv", index=False)  # same id as data/d_001.csv
+    config = write_config(small_project / "sweep.yaml",
+                          sweep_settings(session_cache, datasets=["data/*", "other/*.csv"]))
+    monkeypatch.chdir(small_project)
+
+    code = cli.main(["check", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    lines = out.splitlines()
+    expected = {  # a line of the report -> what it must say
+        "data/empty.csv": ["dataset 'empty'", "the file is empty"],
+        "data/latin1.csv": ["dataset 'latin1'", "cannot read the file as CSV"],
+        "data/notparquet.parquet": ["dataset 'notparquet'", "cannot read the file as Parquet"],
+        "data/notes.txt": ["dataset 'notes'", "unsupported file type '.txt'"],
+        "data/nocol.csv": ["column 'y'", "is missing", "available columns: 'group', 'x'"],
+        "data/text.csv": ["column 'y'", "non-numeric values such as 'abc'"],
+        "data/nan.csv": ["column 'y'", "missing (NaN) values", "first at row index 2"],
+        "data/inf.csv": ["column 'x'", "infinite values", "first at row index 5"],
+        "data/a..b.csv": ["unusable dataset id 'a..b'"],
+        "data/ctl\x01x.csv": [repr("ctl\x01x")],
+        "other/d_001.csv": ["dataset 'd_001'", "data/d_001.csv", "same dataset id"],
+    }
+    for file, fragments in expected.items():
+        matching = [line for line in lines if file in line]
+        assert len(matching) == 1, (file, out)
+        assert all(f in matching[0] for f in fragments), (fragments, matching[0])
+    assert f"check: {len(expected)} dataset problem(s), 0 sweep problem(s), 0 structure(s)" in out
+    assert not any("'d_000'" in line or "'d_002'" in line for line in lines), out
+    assert "reference dataset: d_000" in out
+    assert not (small_project / "results").exists()

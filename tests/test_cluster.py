@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
+from testkit import HIERARCHICAL as MODEL
+from testkit import manifests, snakemake, sweep_settings, write_config
 
 from batchfit.config import config_from_dict
 from batchfit.sweep.resources import fit_resources
-
-REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "models" / "hierarchical.py"
 
 
 def sweep_with_a_broken_dataset(root: Path, cache: Path) -> Path:
@@ -26,18 +24,9 @@ def sweep_with_a_broken_dataset(root: Path, cache: Path) -> Path:
 
     paths = simulate_datasets(MODEL, root / "data", 4, seed=3, prefix="shop")
     pd.read_csv(paths[0]).drop(columns="y").to_csv(root / "data" / "shop_broken.csv", index=False)
-    config = {"model": str(MODEL), "datasets": ["data/*.csv"], "batch_size": 2,
-              "sampler": {"draws": 50, "tune": 50, "chains": 2, "seed": 5}, "cache_dir": str(cache),
-              "results_dir": "results", "columns": {"group": {"scope": "dataset"}}}
-    path = root / "sweep.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def snakemake(root: Path, config: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                           "--directory", str(root), "--configfile", str(config), *extra],
-                          capture_output=True, text=True, timeout=900)
+    return write_config(root / "sweep.yaml", sweep_settings(
+        cache, batch_size=2, sampler={"draws": 50, "tune": 50, "chains": 2, "seed": 5},
+        columns={"group": {"scope": "dataset"}}))
 
 
 @pytest.mark.slow
@@ -47,7 +36,7 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
     Then a plain re-run still retries the failed dataset (and only it), in a batch of its own.
     """
     config = sweep_with_a_broken_dataset(tmp_path, session_cache)
-    first = snakemake(tmp_path, config, "--cores", "2")
+    first = snakemake(tmp_path, config)
     assert first.returncode != 0
     assert "batchfit: 1 dataset(s) failed (shop_broken); see results/failures.csv" in first.stderr
     planned = json.loads((tmp_path / "results" / "plan.json").read_text())["batches"]
@@ -57,21 +46,21 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
     summary = tmp_path / "results" / "summary.csv"
     summary.unlink()
     job = snakemake(tmp_path, config, "--target-jobs", "collect:", "--allowed-rules", "collect", "--force",
-                    "--cores", "1")
+                    cores=1)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "MissingInputException" not in job.stderr
     status = pd.read_csv(summary).groupby("dataset")["status"].first()
     assert sorted(status.index) == ["shop_000", "shop_001", "shop_002", "shop_003", "shop_broken"]
     assert status["shop_broken"] == "failed" and "failed" not in set(status.drop("shop_broken"))
 
-    retry = snakemake(tmp_path, config, "--cores", "2", "--dry-run")
+    retry = snakemake(tmp_path, config, "--dry-run")
     assert retry.returncode == 0, retry.stderr[-3000:]
     assert re.search(r"^fit\s+1$", retry.stdout, re.MULTILINE), retry.stdout  # one fit job: the failed dataset
-    again = snakemake(tmp_path, config, "--cores", "2")
+    again = snakemake(tmp_path, config)
     assert "batchfit: 1 dataset(s) failed (shop_broken)" in again.stderr
-    manifests = [json.loads(p.read_text()) for p in (tmp_path / "results" / "batches").glob("*.json")]
-    assert sorted(list(m["datasets"]) for m in manifests)[-1] == ["shop_broken"]
-    assert sum(list(m["datasets"]) == ["shop_broken"] for m in manifests) == 2
+    batches = manifests(tmp_path / "results").values()
+    assert sorted(list(m["datasets"]) for m in batches)[-1] == ["shop_broken"]
+    assert sum(list(m["datasets"]) == ["shop_broken"] for m in batches) == 2
 
 
 def test_a_batch_that_ran_is_retried_under_a_new_name(tmp_path):
@@ -114,7 +103,7 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:
     """The CPU target of the cache key, as a fresh process that applies ``cpu_target`` sees it."""
     code = ("import json, sys; from batchfit.compile.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
-            "import numba, llvmlite.binding as llvm; from batchfit import fingerprint as fp;"
+            "import numba, llvmlite.binding as llvm; from batchfit.compile import fingerprint as fp;"
             "print(json.dumps([fp.environment_fingerprint(), numba.config.CPU_NAME, numba.config.CPU_FEATURES,"
             "llvm.get_host_cpu_name()]))")
     proc = subprocess.run([sys.executable, "-c", code, cpu_target], env=env, capture_output=True, text=True,

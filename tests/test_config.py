@@ -9,10 +9,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from snakemake.utils import validate as snakemake_validate
+from testkit import REPO, write_config
 
 from batchfit.config import (
     CacheSettings,
@@ -27,7 +27,6 @@ from batchfit.config import (
 from batchfit.errors import ConfigError
 from batchfit.schema import config_schema
 
-REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}
 FULL = {
     "model": "models/m.py",
@@ -245,14 +244,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def write_config(directory: Path, data: object, name: str = "config.yaml") -> Path:
-    path = directory / name
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def test_load_config_reads_yaml_and_records_the_file(project: Path) -> None:
-    path = write_config(project, FULL)
+    path = write_config(project / "config.yaml", FULL)
     config = load_config(path)
     assert config.source == str(path)
     assert config == config_from_dict(FULL, source=str(path))
@@ -260,12 +253,12 @@ def test_load_config_reads_yaml_and_records_the_file(project: Path) -> None:
 
 def test_relative_paths_stay_relative_to_the_working_directory(project: Path) -> None:
     (project / "conf").mkdir()
-    config = load_config(write_config(project / "conf", MINIMAL))
+    config = load_config(write_config(project / "conf" / "config.yaml", MINIMAL))
     assert config.model == Path("models/m.py")
 
 
 def test_missing_model_file_names_key_and_config_file(project: Path) -> None:
-    path = write_config(project, with_change("model", "models/nope.py"))
+    path = write_config(project / "config.yaml", with_change("model", "models/nope.py"))
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.key == "model"
@@ -275,7 +268,7 @@ def test_missing_model_file_names_key_and_config_file(project: Path) -> None:
 
 def test_model_that_is_a_directory_is_rejected(project: Path) -> None:
     with pytest.raises(ConfigError, match="is not a file"):
-        load_config(write_config(project, with_change("model", "models")))
+        load_config(write_config(project / "config.yaml", with_change("model", "models")))
 
 
 def test_yaml_syntax_error_names_file_and_line(project: Path) -> None:
@@ -309,7 +302,7 @@ def test_unreadable_config_file(project: Path) -> None:
 
 
 def test_schema_errors_from_a_file_name_that_file(project: Path) -> None:
-    path = write_config(project, with_change("batchsize", 3))
+    path = write_config(project / "config.yaml", with_change("batchsize", 3))
     with pytest.raises(ConfigError, match="did you mean 'batch_size'") as info:
         load_config(path)
     assert str(path) in str(info.value)

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 import xarray as xr
+from testkit import HIERARCHICAL
 
 import batchfit
 from batchfit.config import config_from_dict
@@ -27,8 +28,6 @@ from batchfit.errors import BatchfitError, DatasetError, ModelContractError
 from batchfit.fitting.batch import fit_batch
 from batchfit.fitting.fitter import dataset_seed
 
-REPO = Path(__file__).resolve().parents[1]
-HIERARCHICAL = REPO / "models" / "hierarchical.py"
 SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 2026}
 IDS = [f"d{i}" for i in range(10)]
 

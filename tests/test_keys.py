@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from testkit import write_config
 
-REPO = Path(__file__).resolve().parents[1]
 BATCHFIT = Path(sys.executable).parent / "batchfit"
 
 # One template for every variant: the observed likelihood, one extra term and the model options
@@ -211,10 +210,9 @@ SAMPLER = {"draws": 400, "tune": 400, "chains": 2, "seed": 5}
 def sweep(tmp_path: Path, model_file: Path, cache_dir: Path, data_dir: Path) -> dict:
     """Run ``batchfit fit`` for one model in a fresh process; return its manifest and posterior."""
     results = tmp_path / f"results-{model_file.stem}"
-    config = tmp_path / f"{model_file.stem}.yaml"
-    config.write_text(yaml.safe_dump({
+    config = write_config(tmp_path / f"{model_file.stem}.yaml", {
         "model": str(model_file), "datasets": [str(data_dir / "*.csv")], "sampler": SAMPLER,
-        "cache_dir": str(cache_dir), "results_dir": str(results)}))
+        "cache_dir": str(cache_dir), "results_dir": str(results)})
     proc = subprocess.run([str(BATCHFIT), "fit", "--config", str(config)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,6 +33,7 @@ import scipy.stats
 from pytensor.compile.mode import Mode, get_mode
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
+from testkit import REPO
 
 import batchfit.compile.linalg  # noqa: F401  (registers the numba implementations)
 from batchfit.compile.nopython import (
@@ -43,7 +43,6 @@ from batchfit.compile.nopython import (
     model_variable_names,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 BATCH, N, K = 3, 3, 2
 RTOL, ATOL = 1e-9, 1e-11
 

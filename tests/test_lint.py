@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from testkit import REPO
+
 BIN = Path(sys.executable).parent
 WORKFLOW = ["Snakefile", *sorted(str(p.relative_to(REPO)) for p in (REPO / "workflow" / "rules").glob("*.smk"))]
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-import yaml
+from testkit import write_config
 
 from batchfit.model.imports import user_imports
 
@@ -291,10 +291,10 @@ def test_a_project_whose_model_imports_modules_beside_it_checks_sweeps_and_calib
     for name, text in PROJECT_FILES.items():
         (root / name).write_text(text)
     run([str(BIN / "batchfit"), "simulate", "--model", "model.py", "--n", "3", "--out", "data"], root)
-    (root / "config.yaml").write_text(yaml.safe_dump({
+    write_config(root / "config.yaml", {
         "model": "model.py", "datasets": ["data/*.csv"], "cache_dir": str(session_cache),
         "sampler": {"draws": 100, "tune": 100, "chains": 1, "seed": 3}, "batch_size": 3,
-        "sbc": {"n_simulations": 4, "thin": 2, "seed": 7}}))
+        "sbc": {"n_simulations": 4, "thin": 2, "seed": 7}})
 
     assert "check: ok" in run([str(BIN / "batchfit"), "check", "--config", "config.yaml"], root)
     run([str(BIN / "snakemake"), "--cores", "2"], root)

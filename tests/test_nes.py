@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from testkit import REPO
 
 from batchfit.config import config_from_dict
 from batchfit.sweep.stages import run_collect, run_compile, run_fit
@@ -15,7 +14,7 @@ REPO_MODEL = "models/nes.py"
 
 @pytest.mark.slow
 def test_every_posterior_mean_matches_the_reference(nes_dir, session_cache, tmp_path, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(REPO)
     config = config_from_dict({
         "model": REPO_MODEL,
         "datasets": [str(nes_dir / "nes*.csv")],

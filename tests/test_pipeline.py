@@ -2,46 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
 import yaml
+from testkit import HIERARCHICAL, mtimes, planned_jobs, snakemake, write_config, write_sweep
 
 from batchfit.model.simulate import simulate_datasets
-
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-
-
-def write_sweep(root: Path, cache: Path, n: int) -> Path:
-    """Datasets and a config for a tiny sweep under ``root``."""
-    simulate_datasets(REPO / "models" / "hierarchical.py", root / "data", n, seed=7, prefix="shop")
-    config = {
-        "model": str(REPO / "models" / "hierarchical.py"),
-        "datasets": ["data/*.csv"],
-        "sampler": {"draws": 100, "tune": 100, "chains": 2, "seed": 11},
-        "batch_size": 2,
-        "cache_dir": str(cache),
-        "results_dir": "results",
-        "columns": {"group": {"scope": "dataset"}},  # each shop's groups are its own
-    }
-    path = root / "sweep.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def snakemake(root: Path, config: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SNAKEMAKE, "--cores", "2", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
-         "--configfile", str(config), *extra],
-        capture_output=True, text=True, timeout=900,
-    )
 
 
 @pytest.mark.slow
@@ -71,12 +42,12 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
     assert len(logs) == 2  # 3 datasets in batches of 2
     assert all("cache hit" in log.read_text() for log in logs)
 
-    before = {p.name: p.stat().st_mtime_ns for p in (results / "fits").glob("*.nc")}
-    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "extra", 4, seed=8, prefix="shop")
+    before = mtimes(results / "fits")
+    simulate_datasets(HIERARCHICAL, tmp_path / "extra", 4, seed=8, prefix="shop")
     (tmp_path / "extra" / "shop_003.csv").rename(tmp_path / "data" / "shop_003.csv")
     proc = snakemake(tmp_path, config)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    after = {p.name: p.stat().st_mtime_ns for p in (results / "fits").glob("*.nc")}
+    after = mtimes(results / "fits")
     assert {k: after[k] for k in before} == before  # nothing refitted
     assert "shop_003.nc" in after
     with xr.open_datatree(results / "posteriors.nc") as combined:
@@ -85,16 +56,15 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
 
     # Another config file for the same model (here a renamed copy) reuses the compile stamp:
     # Snakemake plans fits for its own results_dir, but no compile job.
-    renamed = tmp_path / "renamed.yaml"
-    renamed.write_text(yaml.safe_dump(yaml.safe_load(config.read_text()) | {"results_dir": "renamed-results"}))
+    renamed = write_config(tmp_path / "renamed.yaml",
+                           yaml.safe_load(config.read_text()) | {"results_dir": "renamed-results"})
     dry = snakemake(tmp_path, renamed, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
-    planned = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout + dry.stderr, re.M))
-    assert planned.get("fit") == "2" and "compile" not in planned, planned
+    planned = planned_jobs(dry)
+    assert planned.get("fit") == 2 and "compile" not in planned, planned
 
     # The command line runs the same library functions: the same draws, bit for bit.
-    cli_config = yaml.safe_load(config.read_text()) | {"results_dir": "cli-results"}
-    (tmp_path / "cli.yaml").write_text(yaml.safe_dump(cli_config))
+    write_config(tmp_path / "cli.yaml", yaml.safe_load(config.read_text()) | {"results_dir": "cli-results"})
     proc = subprocess.run([sys.executable, "-m", "batchfit.cli", "run", "--config", "cli.yaml"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -111,8 +81,8 @@ def test_finishing_a_batch_never_changes_another(tmp_path):
     from batchfit.fitting.provenance import expected_provenance, record
     from batchfit.sweep.plan import plan
 
-    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 7, prefix="shop")
-    config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 7, prefix="shop")
+    config = config_from_dict({"model": str(HIERARCHICAL),
                                "datasets": [str(tmp_path / "data" / "*.csv")], "batch_size": 3,
                                "results_dir": str(tmp_path / "results")})
     first = plan(config).batches
@@ -133,8 +103,8 @@ def test_batches_cover_every_dataset_once_and_auto_sizes_them_for_the_executor(t
     from batchfit.config import config_from_dict
     from batchfit.sweep.plan import plan
 
-    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 45, prefix="shop")
-    config = config_from_dict({"model": str(REPO / "models" / "hierarchical.py"),
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 45, prefix="shop")
+    config = config_from_dict({"model": str(HIERARCHICAL),
                                "datasets": [str(tmp_path / "data" / "*.csv")], "batch_size": batch_size,
                                "results_dir": str(tmp_path / "results")})
     batches = plan(config, cores).batches

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 import yaml
+from testkit import REPO, write_config
 
 import batchfit
 from batchfit.compile.fingerprint import structure_of
@@ -26,7 +27,6 @@ from batchfit.model.model_file import data_containers
 from batchfit.project import config_template, init_project
 from batchfit.schema import config_schema
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 IDS = ["dataset_000", "dataset_001", "dataset_002"]
 BAD = "dataset_bad"  # sorts after the others: the reference dataset stays dataset_000
@@ -225,7 +225,7 @@ def test_status_of_a_sweep_with_new_and_changed_datasets_reads_only(project, tmp
     shutil.copy(project / "data" / "dataset_001.csv", tmp_path / "dataset_new.csv")
     config = yaml.safe_load((project / "config.yaml").read_text())
     config["datasets"].append(str(tmp_path / "*.csv"))
-    (tmp_path / "more.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path / "more.yaml", config)
     before = {p: p.stat().st_mtime_ns for p in (project / "results").rglob("*")}
     out = status(project, config=str(tmp_path / "more.yaml"))
     assert "5 dataset(s): 3 fitted, 1 pending, 1 failed" in out
@@ -237,7 +237,7 @@ def test_status_of_a_sweep_with_new_and_changed_datasets_reads_only(project, tmp
 
     # Other sampler settings: every fit's provenance differs, so every dataset is pending again.
     config["sampler"]["draws"] = 151
-    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path / "changed.yaml", config)
     out = status(project, "--dataset", "dataset_001", config=str(tmp_path / "changed.yaml"))
     assert out.startswith("dataset_001: pending (its fit's provenance differs from the config's")
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import xarray as xr
-import yaml
+from testkit import HIERARCHICAL as MODEL
+from testkit import planned_jobs, snakemake, sweep_settings, write_config
 
 from batchfit.common.atomic import write_json
 from batchfit.config import Config, config_from_dict
@@ -29,20 +30,15 @@ from batchfit.model.simulate import simulate_datasets
 from batchfit.sweep.plan import compile_stamp_path, plan
 from batchfit.sweep.stages import run_collect, run_compile, run_fit
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "models" / "hierarchical.py"
 IDS = ["shop_000", "shop_001", "shop_002"]
 SAMPLER = {"draws": 50, "tune": 50, "chains": 1, "target_accept": 0.8, "seed": 5}
 
 
 def settings(root: Path, cache: Path, **changes: object) -> dict:
-    """The sweep's config (absolute paths, so the project can be copied); ``changes`` override keys."""
-    config = {"model": str(root / "model.py"), "datasets": [str(root / "data" / "*.csv")],
-              "sampler": dict(SAMPLER), "batch_size": 2, "cache_dir": str(cache),
-              "results_dir": str(root / "results")}
-    for key, value in changes.items():
-        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
-    return config
+    """The sweep's config (absolute paths, so the project can be copied); ``changes`` override keys,
+    a section's settings one by one."""
+    return sweep_settings(cache, model=str(root / "model.py"), datasets=[str(root / "data" / "*.csv")],
+                          sampler=dict(SAMPLER), batch_size=2, results_dir=str(root / "results"), update=changes)
 
 
 def pending(config: Config) -> list[str]:
@@ -295,15 +291,9 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
 
 def snakemake_dry_run(root: Path, config: dict) -> dict[str, int]:
     """Jobs `snakemake -n` plans for ``config`` in ``root``, by rule."""
-    path = root / "sweep.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(root), "--configfile", str(path)],
-        capture_output=True, text=True, timeout=600,
-    )
+    proc = snakemake(root, write_config(root / "sweep.yaml", config), "-n")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
+    return planned_jobs(proc)
 
 
 @pytest.mark.slow

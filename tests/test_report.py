@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-import yaml
-from test_pipeline import snakemake, write_sweep
+from testkit import snakemake, write_config, write_sweep
 
 from batchfit.config import Config, ReportSettings, SummarySettings, config_from_dict
 from batchfit.errors import ConfigError
@@ -436,9 +435,8 @@ def test_a_sweep_in_which_every_dataset_failed_still_has_its_plots_and_report(tm
     no forest plot, also with report.var_names set) and `snakemake --report` makes the report."""
     (tmp_path / "model.py").write_text(VECTOR_MODEL)
     write_vector_data(tmp_path / "data", {"b1": ["g0", "g1"], "b2": ["g0"]}, failing=True)
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump(vector_settings(tmp_path, session_cache, results_dir="results",
-                                                     datasets=["data/*.csv"], report={"var_names": ["a"]})))
+    config = write_config(tmp_path / "sweep.yaml", vector_settings(tmp_path, session_cache, results_dir="results",
+                                                                  datasets=["data/*.csv"], report={"var_names": ["a"]}))
     run = snakemake(tmp_path, config)
     assert run.returncode != 0 and "2 dataset(s) failed" in run.stderr, run.stderr[-3000:]
     assert "Error in rule status" in run.stderr and "Error in rule plots" not in run.stderr, run.stderr[-3000:]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +18,13 @@ import pandas as pd
 import pytest
 import xarray as xr
 from scipy import stats
+from testkit import REPO, snakemake, write_config
 
 from batchfit.config import Config, config_from_dict
 from batchfit.sweep.sbc.ranks import rank_simulations
 from batchfit.sweep.sbc.simulate import simulate
 from batchfit.sweep.sbc.sweep import data_paths, sbc_config
 from batchfit.sweep.stages import run_fit, run_sbc
-
-REPO = Path(__file__).resolve().parents[1]
 
 MODEL = """
 import pymc as pm
@@ -354,11 +351,8 @@ def test_snakemake_sbc_target(tmp_path: Path, session_cache: Path) -> None:
     raw["batch_size"] = 3
 
     def run_sbc_target() -> pd.DataFrame:
-        (tmp_path / "config.yaml").write_text(json.dumps(raw))
-        run = subprocess.run(
-            [str(Path(sys.executable).with_name("snakemake")), "sbc", "--cores", "2", "--configfile",
-             str(tmp_path / "config.yaml")], cwd=REPO, capture_output=True, text=True, timeout=1200,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        run = snakemake(REPO, write_config(tmp_path / "config.yaml", raw), "sbc", timeout=1200,
+                        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
         assert run.returncode == 0, run.stderr[-3000:]
         return pd.read_csv(root / "ranks.csv")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from testkit import REPO, write_config
 
-REPO = Path(__file__).resolve().parents[1]
 # The README's command for a cluster without accounting (no slurmdbd, as here), run in a copy of
 # the project: the test's own settings come from a user profile (SNAKEMAKE_PROFILE), as a
 # user's account and partition would.
@@ -175,7 +175,7 @@ def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | 
     config = {**example, "sampler": {**example["sampler"], "draws": 200, "tune": 200}, "cache_dir": str(cache),
               "batch_size": 10}
     (root / "config").mkdir()
-    (root / "config" / "test-sweep.yaml").write_text(yaml.safe_dump(config))
+    write_config(root / "config" / "test-sweep.yaml", config)
     return root / config["results_dir"]
 
 
@@ -183,11 +183,11 @@ def user_profile(root: Path) -> Path:
     """What a user without accounting puts in their own profile, plus quick polling for a test."""
     profile = root / "user-profile"
     profile.mkdir()
-    profile.joinpath("config.yaml").write_text(yaml.safe_dump({
+    write_config(profile / "config.yaml", {
         "slurm-status-command": "squeue",
         "slurm-init-seconds-before-status-checks": 3,
         "slurm-keep-successful-logs": True,
-    }))
+    })
     return profile
 
 

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from testkit import HIERARCHICAL, snakemake, sweep_settings, write_config
 
 from batchfit.model.simulate import simulate_datasets
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Put first on sys.meta_path of every process of the sweep (through PYTHONPATH): records, for each
 # module looked up (= not yet imported), the thread that looks it up, in a file per process.
@@ -60,19 +56,15 @@ def test_a_sweep_imports_only_in_main_threads(tmp_path: Path) -> None:
     audit.mkdir()
     (hook_dir / "sitecustomize.py").write_text(HOOK)
     # 50 datasets: collect then shares summaries out to a helper process (summary_workers)
-    simulate_datasets(REPO / "models" / "hierarchical.py", tmp_path / "data", 50, seed=3, prefix="shop")
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": str(REPO / "models" / "hierarchical.py"), "datasets": ["data/*.csv"],
-        # one chain and two cores: a fit job runs two lanes; a cold cache: the compile job two workers
-        "sampler": {"draws": 100, "tune": 100, "chains": 1, "seed": 5}, "batch_size": 50,
-        "cache_dir": str(tmp_path / "cache"), "results_dir": "results",
-        "columns": {"group": {"scope": "dataset"}}}))
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 50, seed=3, prefix="shop")
+    config = write_config(tmp_path / "config.yaml", sweep_settings(
+        tmp_path / "cache",  # a cold cache: the compile job runs two workers
+        # one chain and two cores: a fit job runs two lanes
+        sampler={"draws": 100, "tune": 100, "chains": 1, "seed": 5}, batch_size=50,
+        columns={"group": {"scope": "dataset"}}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook_dir), os.environ.get("PYTHONPATH")])),
            "BATCHFIT_IMPORT_AUDIT": str(audit)}
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
-                          "--directory", str(tmp_path), "--configfile", str(config)],
-                         capture_output=True, text=True, timeout=900, env=env)
+    run = snakemake(tmp_path, config, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     log = (tmp_path / "results" / "logs" / "fit").glob("*.log")
     assert any("this process and 1 helper process" in path.read_text() for path in log), "no fit job ran two lanes"

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from testkit import REPO, write_config
 
-REPO = Path(__file__).resolve().parents[1]
 SAMPLER = {"draws": 300, "tune": 300, "chains": 2}
 BATCH_SIZE = 4
 N_DATASETS = 5  # with BATCH_SIZE, a job of 4 datasets and a job of 1
@@ -148,7 +148,7 @@ class TestBundledExample:
         config = yaml.safe_load((root / "config" / "config.yaml").read_text())
         config["sampler"].update(SAMPLER)
         config["batch_size"] = BATCH_SIZE
-        (root / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+        write_config(root / "config" / "config.yaml", config)
         assert_every_dataset_fitted(user_bin, root, root / config["results_dir"], ids, "config/config.yaml")
 
 

@@ -28,8 +28,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from filelock import FileLock
+from testkit import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 USER_VENV = REPO / ".venv-user"
 REFERENCE_VENV = REPO / ".venv-reference"
 # What the reference side imports (pymc, nutpie, pytensor's JAX backend, the readers of parity_run.TableData,
