@@ -209,9 +209,9 @@ def test_outputs_open_with_arviz(sweep: Config) -> None:
 def test_summary_csv(sweep: Config) -> None:
     collect(sweep, IDS)
     summary = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
-    reference = arviz.summary(arviz.from_netcdf(sweep.layout.fit("store_01")), ci_kind="hdi", round_to="none")
-    assert list(reference.columns) == ["mean", "sd", "hdi89_lb", "hdi89_ub", "ess_bulk", "ess_tail", "r_hat",
-                                       "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89%
+    reference = arviz.summary(arviz.from_netcdf(sweep.layout.fit("store_01")), round_to="none")
+    assert list(reference.columns) == ["mean", "sd", "eti89_lb", "eti89_ub", "ess_bulk", "ess_tail", "r_hat",
+                                       "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89% ETI
     assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
                                      "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
                                      "structure", "sampler_path", "fallback"]
@@ -486,7 +486,7 @@ def test_cached_summary_rows_equal_arviz_stats_summary(sweep: Config) -> None:
     for dataset_id in ["store_01", "store_02", "store_03", "store_07"]:
         ours = summary[summary["dataset"] == dataset_id].set_index("parameter")
         with xr.open_datatree(sweep.layout.fit(dataset_id)) as fit:
-            reference = arviz_stats.summary(fit, ci_kind="hdi", round_to="none")  # summary.ci_kind's default
+            reference = arviz_stats.summary(fit, round_to="none")  # ArviZ's defaults are summary's
         assert list(ours.index) == list(reference.index)
         np.testing.assert_allclose(ours[reference.columns].to_numpy(float), reference.to_numpy(float), rtol=1e-10)
 

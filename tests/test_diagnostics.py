@@ -125,3 +125,24 @@ def test_fft_lengths_equal_scipy_fftpack() -> None:
 
     for n in [*range(1, 5_000), 10**6 + 1, 3 * 10**7 + 7]:
         assert diagnostics._next_5_smooth(n) == next_fast_len(n), n
+
+
+@pytest.mark.parametrize("kind", [None, "hdi", "eti"])
+def test_summary_of_default_settings_is_arviz_stats_summary_with_its_defaults(kind: str | None) -> None:
+    """summary.ci_kind and ci_prob left unset follow ArviZ's rcParams (issue #45: summary.csv had hdi89
+    while arviz_stats.summary gives eti89): the columns and values of `arviz_stats.summary` called as a user
+    calls it, also with rcParams["stats.ci_kind"] changed."""
+    import arviz_stats
+    from arviz_base import from_dict, rc_context
+
+    from batchfit.config import SummarySettings
+    from batchfit.outputs.summaries import summarise_posterior
+
+    rng = np.random.default_rng(45)
+    tree = from_dict({"posterior": {"mu": rng.normal(size=(2, 200)), "a": rng.normal(size=(2, 200, 3))}})
+    with rc_context(rc={"stats.ci_kind": kind} if kind else {}):
+        reference = arviz_stats.summary(tree, round_to="none")
+        ours = summarise_posterior(tree["posterior"].to_dataset(), "d", "d.nc", SummarySettings())
+    assert list(ours.columns[:-1]) == list(reference.columns)
+    np.testing.assert_allclose(ours.loc[reference.index, reference.columns].to_numpy(float),
+                               reference.to_numpy(float), rtol=1e-10)

@@ -73,15 +73,16 @@ class HealthSettings:
 class SummarySettings:
     """Which kept variables summary.csv and posteriors.nc hold, and the credible interval.
 
-    `var_names` None: all but observation-sized deterministics. `ci_prob` None: ArviZ's
-    ``stats.ci_prob``. Read by collect only, so not in the provenance digest: changing them
+    `var_names` None: all but observation-sized deterministics. `ci_prob` and `ci_kind` None:
+    ArviZ's ``stats.ci_prob`` and ``stats.ci_kind``, so summary.csv's interval is the one users get
+    from ArviZ. Read by collect only, so not in the provenance digest: changing them
     refits nothing.
     """
 
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
     ci_prob: float | None = None
-    ci_kind: str = "hdi"
+    ci_kind: str | None = None
 
     @property
     def interval_prob(self) -> float:
@@ -89,6 +90,13 @@ class SummarySettings:
         from arviz_base import rcParams
 
         return rcParams["stats.ci_prob"] if self.ci_prob is None else self.ci_prob
+
+    @property
+    def interval_kind(self) -> str:
+        """The interval's kind, ``"hdi"`` or ``"eti"``: `ci_kind`, else ArviZ's ``stats.ci_kind``."""
+        from arviz_base import rcParams
+
+        return str(rcParams["stats.ci_kind"]) if self.ci_kind is None else self.ci_kind
 
 
 @dataclass(frozen=True)

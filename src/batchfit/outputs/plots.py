@@ -205,7 +205,7 @@ def forest_rows(posteriors_path: Path, settings: ReportSettings, summary: Summar
     only the forest variables and only the elements each dataset has: the rule's memory is a
     block's draws, not the sweep's.
     """
-    interval = intervals.of_kind(summary.ci_kind)
+    interval = intervals.of_kind(summary.interval_kind)
     parts: dict[str, list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]] = {}
     info = open_presence(posteriors_path)
     # Each block is read once: netCDF's chunk cache (up to 64 MiB a variable) would only grow with N.
@@ -268,9 +268,9 @@ def forest_figure(rows: ForestRows, *, max_rows: int, summary: SummarySettings) 
     fig = Figure(figsize=(7, 6) if sorted_view else (7, 1.2 + 0.25 * n_rows), layout="constrained")
     ax = fig.subplots()
     ax.hlines(heights, rows.outer[order, 0], rows.outer[order, 1], lw=0.6 if sorted_view else 1.0, color="C0",
-              alpha=0.5 if sorted_view else 1.0, label=f"{int(summary.interval_prob * 100)}% {summary.ci_kind}")
+              alpha=0.5 if sorted_view else 1.0, label=f"{int(summary.interval_prob * 100)}% {summary.interval_kind}")
     ax.hlines(heights, rows.inner[order, 0], rows.inner[order, 1], lw=1.5 if sorted_view else 3.0, color="C0",
-              label=f"50% {summary.ci_kind}")
+              label=f"50% {summary.interval_kind}")
     ax.plot(rows.mean[order], heights, ".", ms=2 if sorted_view else 6, color="k", label="mean")
     ticks = np.unique(np.linspace(0, n_rows - 1, 11).round().astype(int)) if sorted_view else heights
     ax.set_yticks(ticks, [rows.labels[order[i]] for i in ticks], fontsize=8)

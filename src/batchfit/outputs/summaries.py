@@ -188,7 +188,7 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
     collect), the variables they select are.
     """
     parts = {
-        "summary": [summary.var_names, summary.filter_vars, summary.ci_kind, summary.interval_prob],
+        "summary": [summary.var_names, summary.filter_vars, summary.interval_kind, summary.interval_prob],
         "health": [thresholds.var_names, thresholds.filter_vars],
         "ess_tail_prob": rcParams["stats.ci_prob"],
         "versions": {name: version(name) for name in ("arviz-stats", "arviz-base", "numpy", "xarray")},
@@ -215,7 +215,7 @@ def summary_columns(summary: SummarySettings) -> list[str]:
 
 def stat_columns(summary: SummarySettings) -> list[str]:
     """The statistics of `summarise_posterior`, in the order of ``arviz_stats.summary(kind="all")``."""
-    prefix = f"{summary.ci_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
+    prefix = f"{summary.interval_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
     return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub", "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
 
 
@@ -239,7 +239,7 @@ def summarise_posterior(
     try:
         labels, owners, draws = stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
-        interval = intervals.of_kind(summary.ci_kind)
+        interval = intervals.of_kind(summary.interval_kind)
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
             bounds = interval(flat, summary.interval_prob)
             values = [
