@@ -179,15 +179,19 @@ def test_check_lists_every_bad_dataset_with_file_and_column(small_project: Path,
         "data/text.csv": ["column 'y'", "non-numeric values such as 'abc'"],
         "data/nan.csv": ["column 'y'", "missing (NaN) values", "first at row index 2"],
         "data/inf.csv": ["column 'x'", "infinite values", "first at row index 5"],
-        "data/a..b.csv": ["unusable dataset id 'a..b'"],
-        "data/ctl\x01x.csv": [repr("ctl\x01x")],
-        "other/d_001.csv": ["dataset 'd_001'", "data/d_001.csv", "same dataset id"],
     }
-    for file, fragments in expected.items():
+    renamed = {  # files whose names are no usable ids: fitted under a safe id, which check names (#45)
+        "data/a..b.csv": ["dataset 'a.b'", "cannot name output files"],
+        "data/ctl\x01x.csv": ["dataset 'ctl_x'", repr("ctl\x01x")],
+    }
+    for file, fragments in {**expected, **renamed}.items():
         matching = [line for line in lines if file in line]
         assert len(matching) == 1, (file, out)
         assert all(f in matching[0] for f in fragments), (fragments, matching[0])
-    assert f"check: {len(expected)} dataset problem(s), 0 sweep problem(s), 0 structure(s)" in out
+    shared = [line for line in lines if "other/d_001.csv" in line]  # one name, two files: both renamed
+    assert len(shared) == 2 and all("data/d_001.csv" in line and "also the name of" in line for line in shared), out
+    assert (f"check: {len(expected)} dataset(s) with {len(expected)} distinct problem(s), 0 sweep problem(s), "
+            "0 structure(s)") in out
     assert not any("'d_000'" in line or "'d_002'" in line for line in lines), out
-    assert "reference dataset: d_000" in out
+    assert "reference dataset: a.b" in out  # the first id, a renamed file's
     assert not (small_project / "results").exists()

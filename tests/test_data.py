@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -90,30 +91,54 @@ def test_directory_pattern_suggests_a_glob(cwd: Path) -> None:
         discover_datasets(make_config("data"))
 
 
-def test_duplicate_ids_name_both_files(cwd: Path) -> None:
+def test_files_sharing_a_name_each_get_an_id_of_their_own_naming_the_file(cwd: Path) -> None:
+    """Two folders with a file of one name: neither stops the sweep; both get ids from their paths (#45)."""
     touch(cwd / "a/s.csv")
     touch(cwd / "b/s.parquet")
-    with pytest.raises(DatasetError) as info:
-        discover_datasets(make_config("a/*.csv", "b/*.parquet"))
-    assert "a/s.csv" in str(info.value) and "b/s.parquet" in str(info.value)
-    assert info.value.dataset == "s"
+    renamed: dict[str, str] = {}
+    found = discover_datasets(make_config("a/*.csv", "b/*.parquet"), renamed=renamed)
+    assert sorted(map(str, found.values())) == ["a/s.csv", "b/s.parquet"]
+    assert all(d.startswith("s-") for d in found) and len(set(found)) == 2
+    assert set(renamed) == set(found) and all("a/s.csv" in why and "b/s.parquet" in why for why in renamed.values())
 
 
-@pytest.mark.parametrize(
-    "name", [".hidden.csv", "a b.csv", "a..b.csv", "é.csv", "a\\b.csv", "a\x01b.csv", "(x).csv"]
-)
-def test_unsafe_ids_are_rejected_with_the_allowed_set(cwd: Path, name: str) -> None:
+UNSAFE = [".hidden.csv", "a b.csv", "a..b.csv", "é.csv", "a\\b.csv", "a\x01b.csv", "(x).csv", "a{b}.csv"]
+
+
+@pytest.mark.parametrize("name", UNSAFE)
+def test_unsafe_names_get_a_safe_id_recorded_with_the_file_and_the_rule(cwd: Path, name: str) -> None:
+    """An id a path or a Snakemake wildcard cannot take is mapped to a safe one, not an error (#45)."""
     touch(cwd / "data" / name)
-    with pytest.raises(DatasetError) as info:
-        discover_datasets(make_config(f"data/{name}"))
-    assert "letters" in str(info.value) and "'.', '_', '+', '-'" in str(info.value)
+    renamed: dict[str, str] = {}
+    found = discover_datasets(make_config(f"data/{name}"), renamed=renamed)
+    [(dataset_id, path)] = found.items()
+    assert path == Path("data") / name
+    assert re.fullmatch(r"[A-Za-z0-9._+-]+", dataset_id) and not dataset_id.startswith(".") and ".." not in dataset_id
+    assert "letters" in renamed[dataset_id] and "'.', '_', '+', '-'" in renamed[dataset_id]
+    assert str(path) in renamed[dataset_id]
+
+
+def test_a_mapped_id_never_takes_another_files_id_and_is_the_same_every_time(cwd: Path) -> None:
+    """``a b.csv`` beside ``a_b.csv``: the file named as its id keeps it, the other gets another (#45)."""
+    for name in ["a b.csv", "a_b.csv", "a  b.csv", "c d.csv"]:
+        touch(cwd / "data" / name)
+    found = discover_datasets(make_config("data/*.csv"))
+    by_file = {str(path): d for d, path in found.items()}
+    assert by_file["data/a_b.csv"] == "a_b" and by_file["data/c d.csv"] == "c_d"
+    assert len(set(by_file.values())) == 4 and by_file["data/a b.csv"].startswith("a_b-")
+    assert dict(discover_datasets(make_config("data/*.csv"))) == dict(found)
+    touch(cwd / "data" / "zz.csv")  # another file changes no id
+    assert {d: p for d, p in discover_datasets(make_config("data/*.csv")).items() if d != "zz"} == dict(found)
 
 
 @pytest.mark.parametrize("name", ["x.txt", "x.xlsx", "noext"])
-def test_unknown_format_is_rejected(cwd: Path, name: str) -> None:
+def test_unknown_format_is_a_dataset_that_fails_to_load_naming_the_formats(cwd: Path, name: str) -> None:
+    """A file batchfit cannot read does not stop the sweep: it fails when loaded, like any bad dataset."""
     touch(cwd / "data" / name)
+    found = discover_datasets(make_config("data/*"))
+    [(dataset_id, path)] = found.items()
     with pytest.raises(DatasetError) as info:
-        discover_datasets(make_config("data/*"))
+        load_dataset(dataset_id, path)
     assert name in str(info.value) and ".csv" in str(info.value) and ".nc" in str(info.value)
 
 

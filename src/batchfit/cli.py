@@ -2,6 +2,7 @@
 
     batchfit init [DIR]                       scaffold a project folder (config, model, data, Snakefile)
     batchfit check   --config CONFIG          datasets and model, before any compiling
+    batchfit debug   --config CONFIG DATASET  one dataset as a fit job runs it; pdb where the model fails
     batchfit compile --config CONFIG          fill the cache ahead of time
     batchfit fit     --config CONFIG [IDS]    fit pending (or the named) datasets
     batchfit collect --config CONFIG          combine fits; exit 1 if any dataset failed
@@ -77,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
         if name == "fit":
             p.add_argument("datasets", nargs="*", default=[],
                            help="dataset ids to fit (default: every pending dataset)")
+    debug = command("debug", "run one dataset as a fit job does (load, build, structure checks, compile or "
+                             "cache load) and sample one short chain; when the model's code raises, open pdb at "
+                             "the model's failing line")
+    _config_option(debug)
+    debug.add_argument("dataset", help="the dataset's id (its file name without the suffix)")
+    debug.add_argument("--no-pdb", action="store_true",
+                       help="print the model's traceback instead of opening pdb (e.g. in a script)")
+    debug.add_argument("--draws", type=int, default=200, help="draws of the short sample (one chain)")
+    debug.add_argument("--tune", type=int, default=200, help="tuning steps of the short sample")
     status = command("status", "fitted, pending and failed datasets and the time left, read from the results "
                                "(safe while a sweep runs); with --dataset, that dataset's state and its log lines")
     _config_option(status)
@@ -159,6 +169,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = run_sbc(config, threads=args.threads)
         print(result.verdict())
         return 0 if result.passed else 1
+    if args.command == "debug":
+        return _debug(args, config)
     if args.command == "check":
         from batchfit.sweep.check import check_model
 
@@ -174,10 +186,31 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"fit: {failed} dataset(s) failed", file=sys.stderr)
     if args.command in ("collect", "run"):
         print(pipeline.run_collect(config, workers=args.workers).one_line())
-        line = pipeline.failure_line(config)
-        if line:
-            print(line, file=sys.stderr)
+        failed_report = pipeline.failure_report(config)
+        if failed_report:
+            print(failed_report, file=sys.stderr)
             return 1
+    return 0
+
+
+def _debug(args: argparse.Namespace, config: object) -> int:
+    """``batchfit debug``: its lines as they come; a model error prints the model's traceback and, unless
+    ``--no-pdb``, opens pdb at the model's frame."""
+    from pathlib import Path
+
+    from batchfit.errors import ModelCodeError
+    from batchfit.sweep.debug import debug_dataset, post_mortem
+
+    try:
+        for line in debug_dataset(config, args.dataset, draws=args.draws, tune=args.tune):  # type: ignore[arg-type]
+            print(line, flush=True)
+    except ModelCodeError as exc:
+        print(f"batchfit: {exc}\n{exc.user_traceback}", file=sys.stderr, flush=True)
+        if not args.no_pdb:
+            print("batchfit: opening pdb at the model's frame where it raised (q quits)", file=sys.stderr, flush=True)
+            post_mortem(exc, Path(config.model))  # type: ignore[attr-defined]
+        return 1
+    print("debug: ok")
     return 0
 
 

@@ -47,10 +47,28 @@ class DatasetError(BatchfitError):
         self.dataset = dataset
         self.path = path
         self.column = column
+        self.reason = (f"column '{column}': " if column is not None else "") + message
 
 
 class ModelContractError(BatchfitError):
     """The model file breaks the batchfit contract (see docs/model.md, 'The contract')."""
+
+
+class ModelCodeError(ModelContractError):
+    """The user's model code (``build_model``, ``simulate``) raised (`batchfit.model.user_traceback`).
+
+    The message is one line ending in where the model's code failed (``... at model.py:14``);
+    `reason` is that line without the dataset, to group the datasets that fail alike;
+    `user_traceback` shows the model's own frames with their source lines, `full_traceback` every
+    frame (for the log). The original exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, reason: str, user_traceback: str, full_traceback: str, location: str = ""):
+        super().__init__(message)
+        self.reason = reason
+        self.user_traceback = user_traceback
+        self.full_traceback = full_traceback
+        self.location = location
 
 
 class CacheError(BatchfitError):
@@ -79,6 +97,24 @@ def is_expected(exc: BaseException) -> bool:
     errors, which say what to fix, and OS errors such as a full disk), rather than a bug of its own,
     which is logged at ERROR and recorded with its whole traceback."""
     return isinstance(exc, (BatchfitError, OSError))
+
+
+def reason_of(exc: BaseException, dataset: str | None = None, path: str | Path | None = None) -> str:
+    """What went wrong, in one line that does not name the dataset: alike for every dataset that fails
+    alike, so that those can be reported together (`batchfit.common.grouping`)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return " ".join(reason.split())
+    return without_dataset(one_line(exc), dataset, path)
+
+
+def without_dataset(text: str, dataset: str | None, path: str | Path | None) -> str:
+    """``text`` without the mentions of one dataset and its file that batchfit's messages make."""
+    if path is not None:
+        text = text.replace(f" (file {path})", "").replace(f" ({path})", "").replace(f"file {path}", "its file")
+    if dataset is not None:
+        text = text.replace(f" for dataset '{dataset}'", "").replace(f"dataset '{dataset}'", "the dataset")
+    return text
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from batchfit.config import Config, load_config
 from batchfit.data import dataset
+from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import discover_datasets
-from batchfit.errors import DatasetError
+from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting import fitter
 from batchfit.model import model_file
 
@@ -26,26 +27,36 @@ if TYPE_CHECKING:
 
 
 def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Dataset:
-    """Dataset ``dataset_id`` of a sweep as its model's ``build_model(data)`` receives it in a fit job.
-
-    Read with the sweep's coding of text columns (`batchfit.data.coding`), checked against what the
-    reference dataset's model needs and cast to its dtypes, as `batchfit.fitting.fitter.Fitter.build` does;
-    bad data raises the error the fit would record.
+    """Dataset ``dataset_id`` of a sweep as it is read in a fit job: its text columns coded as the sweep
+    codes them (`batchfit.data.coding`). No model is built: bad data raises the error the fit would
+    record, and a model that fails shows its error in `build_model` only.
     """
     config = _config(config_or_path)
     paths = discover_datasets(config)
     if dataset_id not in paths:
         raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({', '.join(config.datasets)}, "
-                           f"config {config.source}); the id is the file name without its suffix",
+                           f"config {config.source}); the id is the file name without its suffix (see "
+                           "batchfit check for the ids of files whose names are no usable ids)",
                            dataset=dataset_id)
-    ref = fitter.reference_model(config, paths)
-    return fitter.model_input(dataset.load_dataset(dataset_id, paths[dataset_id], ref.coding), ref)
+    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
 
 
 def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Model:
-    """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug."""
+    """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug.
+
+    The dataset is checked against what the reference dataset's model needs and cast to its dtypes,
+    as `batchfit.fitting.fitter.Fitter.build` does. An error of ``build_model`` is a
+    `batchfit.errors.ModelCodeError` naming the model's line, caused by the model's own exception,
+    whose traceback keeps the model's frames (`batchfit.model.user_traceback`).
+    """
     config = _config(config_or_path)
-    return model_file.build_model(model_file.load_model_file(config.model), load_dataset(config, dataset_id))
+    data = load_dataset(config, dataset_id)
+    module = model_file.load_model_file(config.model)
+    try:
+        ref = fitter.reference_model(config, discover_datasets(config))
+    except BatchfitError:  # no dataset builds: this one's own error says why
+        return model_file.build_model(module, data)
+    return model_file.build_model(module, fitter.model_input(data, ref))
 
 
 def _config(config_or_path: Config | str | Path) -> Config:

@@ -6,7 +6,8 @@ checkpoint sbc_simulate:
     input:
         model=str(BF.model),
         simulator=str(BF.sbc.simulator or BF.model),
-        template=str(template(BF)[1]),
+        # A function: only an SBC run reads the datasets to find the template (#45).
+        template=lambda wildcards: str(template(BF)[1]),
     output:
         SBC.simulations,
     log:
@@ -41,6 +42,9 @@ rule sbc_fit:
     params:
         config_source=CONFIG_SOURCE,
         datasets=lambda wildcards: sbc_plan().batches[wildcards.batch],
+        n_datasets=lambda wildcards: len(sbc_plan().batches[wildcards.batch]),
+    message:
+        "sbc_fit {wildcards.batch}: {params.n_datasets} simulated dataset(s); log {log}"
     script:
         "../../scripts/sbc_fit.py"
 

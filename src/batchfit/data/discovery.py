@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from batchfit.config import Config
@@ -24,8 +26,8 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9._+-]+")
 
 
 _SAFE_ID_RULE = (
-    "dataset ids (file names without suffix) may only use letters A-Z a-z, digits 0-9 and "
-    "'.', '_', '+', '-', must not start with '.' and must not contain '..'"
+    "a dataset id (the file name without suffix) uses only letters A-Z a-z, digits 0-9 and "
+    "'.', '_', '+', '-', does not start with '.' and does not contain '..'"
 )
 
 
@@ -58,51 +60,78 @@ class DatasetFiles(Mapping[str, Path]):
         return f"DatasetFiles({self._files!r})"
 
 
-def discover_datasets(
-    config: Config, *, problems: dict[str, DatasetError] | None = None
-) -> DatasetFiles:
+def discover_datasets(config: Config, *, renamed: dict[str, str] | None = None) -> DatasetFiles:
     """Expand the `datasets` patterns (relative to the current directory) into id -> file, sorted by id.
 
-    A file that cannot be a dataset (unsupported suffix, unusable id, an id another file has)
-    raises a DatasetError; given a `problems` dict, each such file (or id shared by several
-    files) is recorded there instead and left out, so `batchfit check` can list them all.
+    No file stops a sweep: a file's id is its name without the suffix, and a name that cannot be
+    an id as it is (characters an output file name or a Snakemake wildcard cannot take, or an id
+    other files have too) gets a safe id (`dataset_ids`), which the sweep's outputs record with
+    the file's path; given a `renamed` dict, each such id is recorded there with the file and why.
+    A file batchfit cannot read (an unsupported suffix) is a dataset too, which fails when loaded,
+    so its failure is recorded like any other dataset's.
     """
-    found: dict[str, str] = {}
-    clashes: dict[str, list[Path]] = {}
+    files: list[str] = []
+    seen: set[Path] = set()
     for pattern in config.datasets:
         for name in _expand(pattern, config):
-            path = Path(name)
-            dataset_id = path.stem
-            try:
-                check_suffix(dataset_id, path)
-                _check_id(dataset_id, path)
-            except DatasetError as exc:
-                if problems is None:
-                    raise
-                problems[str(path)] = exc
-                continue
-            other = found.get(dataset_id)
-            if other is not None and Path(other).resolve() != path.resolve():
-                if problems is None:
-                    raise DatasetError(
-                        f"two files have the same dataset id: {other} and {path}; rename one "
-                        "(the id is the file name without its suffix)",
-                        dataset=dataset_id,
-                    )
-                files = clashes.setdefault(dataset_id, [Path(other)])
-                if path.resolve() not in {f.resolve() for f in files}:
-                    files.append(path)
-                continue
-            found[dataset_id] = str(path)
-    for dataset_id, files in clashes.items():
-        del found[dataset_id]
-        assert problems is not None
-        problems[dataset_id] = DatasetError(
-            f"{len(files)} files have the same dataset id: {', '.join(map(str, files))}; rename all "
-            "but one (the id is the file name without its suffix)",
-            dataset=dataset_id,
-        )
-    return DatasetFiles(sorted(found.items()))
+            resolved = Path(name).resolve()
+            if resolved not in seen:
+                seen.add(resolved)
+                files.append(name)
+    ids = dataset_ids(files)
+    if renamed is not None:
+        for name, dataset_id in ids.items():
+            stem = Path(name).stem
+            if dataset_id != stem:
+                renamed[dataset_id] = f"the id of file {name}, whose name {_why_renamed(stem, files)}"
+    return DatasetFiles(sorted((dataset_id, name) for name, dataset_id in ids.items()))
+
+
+def dataset_ids(files: Iterable[str]) -> dict[str, str]:
+    """Each file's dataset id (file -> id): its name without the suffix where that is a safe id no other
+    file has, else a safe id made from it (`safe_id`), with a digest of the file's path when two
+    files would get the same one (``a b.csv`` beside ``a_b.csv`` gives ``a_b-1f2e3d4c``).
+
+    Depends only on the set of files: the same files always get the same ids, and no two the same.
+    """
+    files = list(dict.fromkeys(str(f) for f in files))
+    stems = {name: Path(name).stem for name in files}
+    counts = Counter(stems.values())
+    ids = {name: stem for name, stem in stems.items() if is_safe_id(stem) and counts[stem] == 1}
+    rest = sorted(name for name in files if name not in ids)
+    wanted = Counter(safe_id(stems[name]) for name in rest)
+    used = set(ids.values())
+    for name in rest:
+        candidate = safe_id(stems[name])
+        if candidate in used or wanted[candidate] > 1:
+            digest = hashlib.sha256(name.encode()).hexdigest()
+            size = 8
+            while (choice := f"{candidate}-{digest[:size]}") in used:
+                size += 1
+            candidate = choice
+        ids[name] = candidate
+        used.add(candidate)
+    return {name: ids[name] for name in files}
+
+
+def is_safe_id(dataset_id: str) -> bool:
+    """Whether an id can name output files and Snakemake wildcards as it is (`_SAFE_ID_RULE`)."""
+    return (_SAFE_ID.fullmatch(dataset_id) is not None and not dataset_id.startswith(".")
+            and ".." not in dataset_id)
+
+
+def safe_id(name: str) -> str:
+    """``name`` made a safe id: each run of other characters becomes ``_``, without a leading ``.`` or ``..``."""
+    text = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._+-]+", "_", name)).lstrip(".")
+    return text or "dataset"
+
+
+def _why_renamed(stem: str, files: Sequence[str]) -> str:
+    if not is_safe_id(stem):
+        return (f"{stem!r} cannot name output files as it is ({_SAFE_ID_RULE}); rename the file to keep an id "
+                "of your own")
+    others = [f for f in files if Path(f).stem == stem]
+    return f"{stem!r} is also the name of {', '.join(others)}; rename them to keep ids of your own"
 
 
 def _expand(pattern: str, config: Config) -> list[str]:
@@ -129,20 +158,6 @@ def check_suffix(dataset_id: str, path: Path) -> None:
             f"unsupported file type {path.suffix or '(no suffix)'!r}; "
             f"use one of {', '.join(SUPPORTED_SUFFIXES)}",
             dataset=dataset_id,
-            path=path,
-        )
-
-
-def _check_id(dataset_id: str, path: Path) -> None:
-    """Reject ids that are unsafe as output file names (they name results/fits/<id>.nc)."""
-    safe = (
-        _SAFE_ID.fullmatch(dataset_id) is not None
-        and not dataset_id.startswith(".")
-        and ".." not in dataset_id
-    )
-    if not safe:
-        raise DatasetError(
-            f"the file name gives the unusable dataset id {dataset_id!r}; {_SAFE_ID_RULE}",
             path=path,
         )
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.cache.store import CacheDir, open_cache
+from batchfit.common.grouping import group_by_reason, group_line
 from batchfit.common.hashing import file_sha256
 from batchfit.common.standby import Standby
 from batchfit.compat.nutpie import import_nutpie, nutpie_trace
@@ -35,9 +36,11 @@ from batchfit.errors import (
     BatchfitError,
     CachedPathUnsupported,
     ConfigError,
+    ModelCodeError,
     ModelContractError,
     SamplerFailure,
     one_line,
+    reason_of,
 )
 from batchfit.fitting.outcome import hint
 from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
@@ -80,7 +83,7 @@ def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
     """
     module = load_model_file(config.model)
     coding = sweep_coding(config, paths)
-    errors = []
+    errors: dict[str, BatchfitError] = {}
     for dataset_id, path in paths.items():
         try:
             dataset = load_dataset(dataset_id, path, coding)
@@ -89,10 +92,24 @@ def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
             check_dataset(dataset, reqs)
             return Reference(dataset, model, reqs, coding)
         except BatchfitError as exc:
-            errors.append(str(exc))
+            errors[dataset_id] = exc
             if len(errors) >= 3:
                 break
-    raise ModelContractError("no dataset could be loaded and built into a model:\n  " + "\n  ".join(errors))
+    raise ModelContractError(f"no dataset could be loaded and built into a model (tried {len(errors)}):\n  "
+                             + "\n  ".join(_grouped(errors, paths)))
+
+
+def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> list[str]:
+    """One line per distinct error of ``errors`` (the datasets' own message when one alone has it), each model
+    error followed by the model's own traceback."""
+    reasons = {d: reason_of(exc, d, paths.get(d)) for d, exc in errors.items()}
+    lines = []
+    for reason, ids in group_by_reason(reasons):
+        first = errors[ids[0]]
+        lines.append(str(first) if len(ids) == 1 else group_line(reason, ids))
+        if isinstance(first, ModelCodeError):
+            lines += [f"  {line}" for line in first.user_traceback.rstrip("\n").splitlines()]
+    return lines
 
 
 def prepare(config: Config) -> tuple[CacheDir, Mapping[str, Path], Reference]:

@@ -26,6 +26,7 @@ from batchfit.data.dataset import DataRequirement, Dataset
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.model.imports import FolderModules, model_folder, scan, use
 from batchfit.model.python_mode import python_mode
+from batchfit.model.user_traceback import model_code_error
 
 # Loaded model files by path and digest of their content and of the user modules they import.
 _MODULES: dict[tuple[Path, str], ModuleType] = {}
@@ -95,9 +96,9 @@ def build_model(module: ModuleType, dataset: Dataset) -> Any:
     except BatchfitError:
         raise
     except Exception as exc:
-        raise ModelContractError(
-            f"build_model failed for dataset '{dataset.id}' ({dataset.path}): {type(exc).__name__}: {exc}"
-        ) from exc
+        # the model's own frames and line: `batchfit.model.user_traceback`
+        raise model_code_error(exc, Path(module.__file__),
+                               f"build_model failed for dataset '{dataset.id}' ({dataset.path})") from exc
     if not isinstance(model, pm.Model):
         raise ModelContractError(
             f"build_model returned {type(model).__name__} for dataset '{dataset.id}'; it must return a pm.Model"

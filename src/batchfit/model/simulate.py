@@ -9,6 +9,7 @@ import numpy as np
 from batchfit.common.atomic import atomic_path
 from batchfit.errors import ModelContractError
 from batchfit.model.model_file import load_model_file, use_model_folder
+from batchfit.model.user_traceback import model_code_error
 
 
 def simulate_datasets(
@@ -22,7 +23,11 @@ def simulate_datasets(
     paths = []
     for i in range(n):
         use_model_folder(module)
-        frame = simulate(np.random.default_rng([seed, i]), i)
+        try:
+            frame = simulate(np.random.default_rng([seed, i]), i)
+        except Exception as exc:
+            raise model_code_error(exc, Path(model_file),
+                                   f"simulate(rng, {i}) of model file {model_file} failed") from exc
         path = Path(out_dir) / f"{prefix}_{i:03d}.csv"
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False)

@@ -17,12 +17,14 @@ It loads every dataset and builds its model (cheap Python), as the fit stage doe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from batchfit.cache.store import open_cache
+from batchfit.common.grouping import group_by_reason, group_line
 from batchfit.compile.fingerprint import graph_fingerprint, structure_of
 from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
 from batchfit.compile.nopython import fallbacks_in_function
@@ -31,7 +33,7 @@ from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import coerce_for_model, load_dataset
 from batchfit.data.discovery import discover_datasets
-from batchfit.errors import BatchfitError, CachedPathUnsupported, DatasetError, one_line
+from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
 from batchfit.fitting.fitter import kept_variables, reference_model
 from batchfit.model.model_file import baked_values, build_model, load_model_file, requirements
 from batchfit.model.variables import variable_roles
@@ -62,7 +64,10 @@ class CheckReport:
     """What ``check_model`` found."""
 
     reference: str
-    dataset_problems: dict[str, str] = field(default_factory=dict)
+    dataset_problems: dict[str, str] = field(default_factory=dict)  # dataset -> its error's message
+    problem_reasons: dict[str, str] = field(default_factory=dict)  # dataset -> the error without the dataset
+    tracebacks: dict[str, str] = field(default_factory=dict)  # reason -> the model's own traceback (model errors)
+    renamed: dict[str, str] = field(default_factory=dict)  # dataset -> why its id is not its file's name
     own_compiles: dict[str, str] = field(default_factory=dict)  # datasets with values baked in: what and the fix
     buckets: dict[str, Bucket] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
@@ -78,18 +83,39 @@ class CheckReport:
         """Every reason a structure takes a slower path (nutpie's own compile, or pm.sample's)."""
         return [reason for bucket in self.buckets.values() for reason in bucket.reasons]
 
+    def add_problem(self, dataset_id: str, exc: BatchfitError, path: Any = None) -> None:
+        """Record why a dataset would fail; datasets failing alike are reported together (`lines`)."""
+        self.dataset_problems[dataset_id] = str(exc)
+        reason = reason_of(exc, dataset_id, path)
+        self.problem_reasons[dataset_id] = reason
+        if isinstance(exc, ModelCodeError):
+            self.tracebacks.setdefault(reason, exc.user_traceback)
+
+    def problem_lines(self) -> list[str]:
+        """One line per distinct problem (a dataset's own message when it alone has it), each model error
+        followed by the model's own traceback."""
+        out = []
+        for reason, ids in group_by_reason(self.problem_reasons):
+            out.append(self.dataset_problems[ids[0]] if len(ids) == 1 else group_line(reason, ids))
+            if reason in self.tracebacks:
+                out += [f"    {line}" for line in self.tracebacks[reason].rstrip("\n").splitlines()]
+        return out
+
     def lines(self) -> list[str]:
-        """Human-readable findings, one per line."""
+        """Human-readable findings, one per line (a traceback's lines follow its problem, indented)."""
         out = [f"reference dataset: {self.reference}"]
-        out += [f"  {problem}" for problem in self.dataset_problems.values()]
+        out += [f"  {line}" for line in self.problem_lines()]
+        out += [f"  dataset '{d}': {why}" for d, why in self.renamed.items()]
         out += [f"  {baked}; it is fitted by nutpie's own compile for it alone (slower)"
                 for baked in self.own_compiles.values()]
         for bucket in self.buckets.values():
             out += [f"  {line}" for line in bucket.lines()]
         out += [f"  {problem}" for problem in self.problems]
         slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
+        distinct = len(set(self.problem_reasons.values()))
         out.append("check: ok" if self.ok else
-                   f"check: {len(self.dataset_problems)} dataset problem(s), {len(self.problems)} sweep problem(s), "
+                   f"check: {len(self.dataset_problems)} dataset(s) with {distinct} distinct problem(s), "
+                   f"{len(self.problems)} sweep problem(s), "
                    f"{slow} structure(s) on a slower path, {len(self.own_compiles)} dataset(s) with a "
                    "compile of their own")
         return out
@@ -100,14 +126,13 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
 
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
-    unusable: dict[str, DatasetError] = {}
-    paths = discover_datasets(config, problems=unusable if datasets else None)
+    renamed: dict[str, str] = {}
+    paths = discover_datasets(config, renamed=renamed)
     try:
         ref = reference_model(config, paths)
     except BatchfitError:  # no dataset builds: say why for each of them
-        return _unbuildable(config, paths, unusable)
-    report = CheckReport(ref.dataset.id)
-    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
+        return _unbuildable(config, paths, renamed)
+    report = CheckReport(ref.dataset.id, renamed=renamed)
     try:
         kept_variables(config, variable_roles(ref.model))
     except BatchfitError as exc:
@@ -121,7 +146,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
                                                            **coerce_for_model(dataset, ref.requirements)})
             model = build_model(module, dataset)
         except BatchfitError as exc:
-            report.dataset_problems[dataset_id] = str(exc)
+            report.add_problem(dataset_id, exc, path)
             continue
         baked = baked_values(model, dataset)
         if baked:
@@ -151,17 +176,16 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     return report
 
 
-def _unbuildable(config: Config, paths: dict[str, Any], unusable: dict[str, DatasetError]) -> CheckReport:
+def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, str]) -> CheckReport:
     """The report when no dataset can be built into a model: each dataset's own reason."""
 
-    report = CheckReport("(none: no dataset builds a model)")
-    report.dataset_problems.update({name: str(exc) for name, exc in unusable.items()})
+    report = CheckReport("(none: no dataset builds a model)", renamed=renamed)
     module, coding = load_model_file(config.model), sweep_coding(config, paths)
     for dataset_id, path in paths.items():
         try:
             build_model(module, load_dataset(dataset_id, path, coding))
         except BatchfitError as exc:
-            report.dataset_problems[dataset_id] = str(exc)
+            report.add_problem(dataset_id, exc, path)
     return report
 
 
