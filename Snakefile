@@ -24,7 +24,7 @@ include: "workflow/rules/report.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
-# the shared filesystem, `status` must print its failure line on the user's terminal, and the
+# the shared filesystem, `status` writes the verdict the main process prints at the end, and the
 # report's plots and pages only read collect's outputs.
 localrules:
     all,

@@ -1,19 +1,17 @@
-"""Snakemake rule `status`: exit non-zero with one line when any dataset failed.
+"""Snakemake rule `status`: write the run's verdict, which the workflow's onsuccess prints last.
 
-A local rule: its stderr is the user's terminal, also on a cluster; the rule's log keeps the line too.
+The rule never fails: with failed datasets the run still exits non-zero, from its onsuccess
+(`batchfit.sweep.stages.end_of_run`), with batchfit's lines last instead of a failed rule's traceback.
 """
 import logging
-import sys
 
 from batchfit.common.quick_exit import quick_exit
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
-from batchfit.sweep.stages import failure_line
+from batchfit.sweep.stages import write_verdict
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source)
 with log_to(snakemake.log[0]):
-    line = failure_line(config)
-    if line:
-        logging.getLogger("batchfit").error("%s", line)
-        print(line, file=sys.stderr)
-        sys.exit(1)
+    report = write_verdict(config)
+    if report:
+        logging.getLogger("batchfit").warning("%s", report)
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -291,3 +291,30 @@ onerror: end(log)
             "Snakemake's scheduler no longer leaves a threading.Timer from snakemake.scheduling.job_scheduler "
             "(JobScheduler._schedule_reevalutation) when a run ends: end_snakemake_rate_timers has nothing to do")
         assert outcome["holding"] == [], f"threads still holding Snakemake's exit: {outcome['holding']}"
+
+
+def test_a_systemexit_from_onsuccess_ends_snakemake_with_its_code_and_last_lines(tmp_path):
+    """`compat.exit_run`: Snakemake lets a SystemExit raised by an onsuccess handler through, releasing its
+    lock, so a run whose jobs all succeeded ends with the handler's lines last and its exit status (#45:
+    a sweep with failed datasets exits non-zero without a failed rule's traceback)."""
+    import subprocess
+
+    (tmp_path / "Snakefile").write_text('''
+from batchfit.compat.snakemake import exit_run
+
+rule all:
+    output: "a.txt"
+    shell: "touch {output}"
+
+onsuccess:
+    exit_run(int(config["code"]), "verdict line one\\nverdict line two")
+''')
+    snakemake = [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "all"]
+    for code in (0, 3):
+        (tmp_path / "a.txt").unlink(missing_ok=True)
+        run = subprocess.run([*snakemake, "--config", f"code={code}"], cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == code, run.stderr
+        assert "verdict line one\nverdict line two" in run.stderr and "Traceback" not in run.stderr
+        if code:
+            assert run.stderr.rstrip().endswith("verdict line two"), run.stderr
+        assert not any((tmp_path / ".snakemake" / "locks").glob("*")), "the run left its lock behind"

@@ -67,6 +67,7 @@ class HealthSettings:
     max_divergences: int
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    min_rows: int | None = None  # fewer rows make a fitted dataset a warning; None: not checked
 
 
 @dataclass(frozen=True)

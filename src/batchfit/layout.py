@@ -13,6 +13,7 @@ from pathlib import Path
 SUMMARY_CSV = "summary.csv"
 POSTERIORS_NC = "posteriors.nc"
 FAILURES_CSV = "failures.csv"
+DATASETS_CSV = "datasets.csv"
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,20 @@ class ResultsLayout:
         return self.root / "summaries"
 
     @property
-    def status_ok(self) -> Path:
-        """The status rule's output: there only when no dataset failed."""
-        return self.root / "status.ok"
+    def status_verdict(self) -> Path:
+        """The status rule's output: the run's verdict, which the workflow's ``onsuccess`` prints last
+        (`batchfit.sweep.stages.end_of_run`)."""
+        return self.root / "status.txt"
+
+    @property
+    def datasets_csv(self) -> Path:
+        """One row per dataset: its file, size, status, structure, seed and diagnostics (`batchfit.outputs.health`)."""
+        return self.root / DATASETS_CSV
+
+    @property
+    def orphaned(self) -> Path:
+        """Where the outputs of datasets that left the sweep are moved (`batchfit.outputs.orphans`)."""
+        return self.root / "orphaned"
 
     @property
     def plots(self) -> Path:

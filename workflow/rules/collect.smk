@@ -5,6 +5,7 @@ rule collect:
     output:
         posteriors=LAYOUT.posteriors,
         summary=LAYOUT.summary,
+        datasets=LAYOUT.datasets_csv,
         failures=LAYOUT.failures_csv,
     log:
         LAYOUT.log("collect"),
@@ -23,8 +24,10 @@ rule collect:
 
 
 rule status:
-    """Fail the run (keeping collect's outputs) when a dataset failed; a re-run retries those.
+    """Write the run's verdict: the failed datasets, grouped by reason, which `end_run` prints last.
 
+    It never fails: a run with failed datasets still exits non-zero, from onsuccess, but ends with
+    batchfit's lines rather than a failed rule's traceback (batchfit.sweep.stages.end_of_run).
     A `script:` rule, not `run:`: Snakemake runs `run:` jobs in a new Snakemake process that
     re-parses the Snakefile, whose plan (the pending datasets) has changed since the fits were
     written, so the job failed on missing batch manifests instead of reporting the failures.
@@ -32,16 +35,11 @@ rule status:
     input:
         rules.collect.output.failures,
     output:
-        touch(LAYOUT.status_ok),
+        LAYOUT.status_verdict,
     log:
         LAYOUT.log("status"),
     benchmark:
         LAYOUT.benchmark("status")
-    # A run with failures still gets its report: the report's jobs (workflow/rules/report.smk)
-    # are ready when this one is, and the lower priority makes Snakemake start them first; once
-    # a job fails it starts no other but lets the running ones finish. So status runs beside
-    # the report, not after it (without the priority, `--cores 1` ran it first and lost the report).
-    priority: -1
     conda:
         "../envs/batchfit.yaml"
     params:

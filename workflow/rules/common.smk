@@ -1,10 +1,11 @@
 # Config validation and the sweep's plan: which datasets exist and which batches still need fitting.
 import functools
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from batchfit.compat.snakemake import end_snakemake_rate_timers
+from batchfit.compat.snakemake import end_snakemake_rate_timers, exit_run
 from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
@@ -73,14 +74,24 @@ onstart:
     record_plan()
 
 
-def end_run():
-    """Let Snakemake exit as soon as a run ends, not a second later (the scheduler's last timer:
-    `batchfit.compat.snakemake.end_snakemake_rate_timers`).
+def end_run(error=False):
+    """End the run: print the status rule's verdict last, and exit non-zero when datasets failed
+    (`batchfit.sweep.stages.end_of_run`); and let Snakemake exit as soon as the run ends, not a
+    second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`).
 
     A function, so that a project using this workflow as a module can call it from its own
-    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's).
+    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in `onsuccess:`,
+    since with failed datasets it ends the process. After a failed job (`error=True`) it prints the
+    verdict, if there is one, and leaves the exit to Snakemake.
     """
+    from batchfit.sweep.stages import end_of_run  # here: parsing the Snakefile waits for no more imports
+
     end_snakemake_rate_timers()
+    code, verdict = end_of_run(BF)
+    if verdict and error:
+        print(verdict, file=sys.stderr)
+    elif verdict:
+        exit_run(code, verdict)
 
 
 onsuccess:
@@ -88,7 +99,7 @@ onsuccess:
 
 
 onerror:
-    end_run()
+    end_run(error=True)
 
 
 def batch_datasets(wildcards):

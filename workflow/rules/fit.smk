@@ -27,5 +27,9 @@ rule fit:
     params:
         config_source=CONFIG_SOURCE,
         datasets=batch_members,
+        n_datasets=lambda wildcards: len(batch_members(wildcards)),
+    # What Snakemake prints of the job instead of its inputs, a data file per dataset.
+    message:
+        "fit {wildcards.batch}: {params.n_datasets} dataset(s); log {log}"
     script:
         "../../scripts/fit.py"

@@ -1,8 +1,7 @@
 # The sweep's report: `snakemake --report report.html` (or report.zip) after a run shows what
 # these rules write, with the captions in workflow/report/. The plots and pages are also plain
 # files under results_dir/plots/ and results_dir/report/ for anyone without the report.
-# `status`, which fails a run with failed datasets, starts after them (its priority), so such a
-# run still has its report.
+# A run with failed datasets has its report too: the status rule only writes the run's verdict.
 report: "../report/workflow.rst"
 
 
@@ -15,7 +14,7 @@ rule plots:
     """Health bar charts and a forest plot per variable across datasets (report.var_names)."""
     input:
         posteriors=rules.collect.output.posteriors,
-        summary=rules.collect.output.summary,
+        datasets=rules.collect.output.datasets,
     output:
         health=report(
             LAYOUT.health_plot,
@@ -44,10 +43,11 @@ rule plots:
 
 
 rule report_pages:
-    """The health overview, summary.csv and failures.csv as tables, and the sweep's provenance, as HTML."""
+    """The health overview, datasets.csv, summary.csv and failures.csv as tables, and the sweep's provenance, as HTML."""
     input:
         posteriors=rules.collect.output.posteriors,
         summary=rules.collect.output.summary,
+        datasets=rules.collect.output.datasets,
         failures=rules.collect.output.failures,
         model=str(BF.model),
     output:
@@ -61,7 +61,7 @@ rule report_pages:
             LAYOUT.report_pages / "summary.html",
             caption="../report/summary.rst",
             category="3. Tables",
-            labels={"table": "diagnostics (summary.csv)"},
+            labels={"table": "datasets and diagnostics (datasets.csv, summary.csv)"},
         ),
         failures=report(
             LAYOUT.report_pages / "failures.html",

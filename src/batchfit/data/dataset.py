@@ -57,6 +57,13 @@ class Dataset:
         """Length of the first axis of the first non-scalar array (the row count of a table)."""
         return next((a.shape[0] for a in self.arrays.values() if a.ndim), 0)
 
+    @property
+    def groups(self) -> dict[str, int]:
+        """The number of distinct labels each text column holds in this dataset (of the sweep's levels,
+        which `coords` lists whole), by column."""
+        return {name: int(np.unique(self.arrays[name][self.arrays[name] >= 0]).size)
+                for name in self.coords if name in self.arrays and self.arrays[name].dtype.kind in "iu"}
+
 
 @dataclass(frozen=True)
 class DataRequirement:

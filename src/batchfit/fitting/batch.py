@@ -23,13 +23,15 @@ from batchfit.config import Config
 from batchfit.data.dataset import Dataset, load_dataset
 from batchfit.errors import (
     BatchfitError,
+    ModelCodeError,
     is_expected,
     one_line,
+    reason_of,
 )
 from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.lanes import LANE_STAGE, lanes
-from batchfit.fitting.outcome import BatchReport, Outcome, hint, record_failed, write_manifest
+from batchfit.fitting.outcome import BatchReport, Outcome, format_groups, hint, record_failed, write_manifest
 from batchfit.fitting.provenance import Provenance, record
 
 log = logging.getLogger("batchfit")
@@ -179,6 +181,9 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
                              provenance=job.provenance)
         job.stage = "write"
+        # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.dataset_row`)
+        tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
+                           "wall_seconds": round(time.perf_counter() - job.started, 3)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
         config.layout.sidecar(job.id).unlink(missing_ok=True)
@@ -190,22 +195,39 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"])
 
 
+# The reasons of the model errors whose full traceback this process has logged: once each is enough.
+_LOGGED: set[str] = set()
+
+
 def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
     """Record a dataset's failure (and drop its stale fit); the Outcome names the stage and the fix.
 
     An unexpected exception (`errors.is_expected`) is batchfit's bug: logged at ERROR with its
-    traceback, which its failure record keeps too, never retried another way.
+    traceback, which its failure record keeps too, never retried another way. An error of the
+    model's own code (`ModelCodeError`) records the model's frames (`batchfit.model.user_traceback`);
+    the log has its full traceback, once per distinct error.
     """
     message = one_line(exc)
     trace = ""
-    if not is_expected(exc):
+    if isinstance(exc, ModelCodeError):
+        trace = exc.user_traceback
+        if exc.reason not in _LOGGED:
+            _LOGGED.add(exc.reason)
+            log.warning("%s: the model's code failed at %s; its whole traceback (the record keeps the model's "
+                        "frames):\n%s", job.id, job.stage, exc.full_traceback)
+    elif not is_expected(exc):
         trace = "".join(traceback.format_exception(exc))
         log.error("%s: batchfit failed at %s, a bug to report with this traceback:\n%s", job.id, job.stage, trace)
-    if not isinstance(exc, BatchfitError):  # e.g. nutpie's or h5py's own words: add whose and where
+    if isinstance(exc, BatchfitError):
+        reason = reason_of(exc, job.id, job.path)
+    else:  # e.g. nutpie's or h5py's own words: add whose and where
+        reason = f"{job.stage} failed: {message}{hint(message)}"
         message = (f"{job.stage} failed for dataset '{job.id}' (file {job.path}): "
                    f"{message}{hint(message)}")
+    loaded = job.dataset
     outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message,
-                      trace)
+                      trace, reason=reason, rows=loaded.n_rows if loaded is not None else None,
+                      groups=format_groups(loaded.groups) if loaded is not None else "")
     record_failed(config, outcome, job.path)
     return outcome
 

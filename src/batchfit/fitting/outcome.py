@@ -25,8 +25,11 @@ class Outcome:
     stage: str | None = None
     error_type: str | None = None
     message: str | None = None
-    traceback: str = ""  # an unexpected error's (`errors.is_expected`): batchfit's bug, to report
+    traceback: str = ""  # batchfit's bug's whole one (`errors.is_expected`), or the model's own frames
     fallback: str = ""  # a fitted dataset's: why it was not sampled on batchfit's cached path
+    reason: str = ""  # a failure's message without the dataset: alike for datasets that fail alike
+    rows: int | None = None  # the dataset's rows, once it was loaded
+    groups: str = ""  # its distinct labels per text column (`format_groups`), once it was loaded
 
 
 @dataclass
@@ -60,7 +63,8 @@ def hint(message: str) -> str:
 def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
     """Write a dataset's failure record atomically (read by collect into failures.csv)."""
     record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
-              "error_type": outcome.error_type, "message": outcome.message, "traceback": outcome.traceback}
+              "error_type": outcome.error_type, "message": outcome.message, "reason": outcome.reason,
+              "traceback": outcome.traceback, "rows": outcome.rows, "groups": outcome.groups}
     with atomic_path(config.layout.failure(outcome.dataset)) as tmp:
         tmp.write_text(json.dumps(record, indent=1))
 
@@ -73,10 +77,21 @@ def write_manifest(config: Config, report: BatchReport) -> None:
         tmp.write_text(json.dumps(data, indent=1))
 
 
-FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "traceback"]
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "reason", "traceback"]
 
 
-_OPTIONAL_FAILURE_COLUMNS = ("traceback",)  # not in records of batchfit 0.1.0 before issue #43
+# Not in older records: traceback before issue #43; reason, rows and groups before #45.
+_OPTIONAL_FAILURE_COLUMNS = ("traceback", "reason")
+
+
+def format_groups(groups: dict[str, int]) -> str:
+    """A dataset's distinct labels per text column as datasets.csv shows them: ``group=12; region=3``."""
+    return "; ".join(f"{name}={count}" for name, count in sorted(groups.items()))
+
+
+def failure_reason(record: dict[str, object]) -> str:
+    """A failure record's reason (its message without the dataset); the message for older records."""
+    return str(record.get("reason") or record.get("message") or "")
 
 
 def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
@@ -94,4 +109,5 @@ def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
         raise DatasetError(
             f"failure record is for dataset '{record['dataset']}'", dataset=dataset_id, path=path
         )
-    return {key: str(record.get(key, "")) for key in FAILURE_COLUMNS}
+    read = {key: "" if record.get(key) is None else str(record[key]) for key in [*FAILURE_COLUMNS, "rows", "groups"]}
+    return read | {"reason": failure_reason(record)}

@@ -34,10 +34,17 @@ from batchfit.outputs.combined import (
     read_posterior,
     stacked_writer,
 )
-from batchfit.outputs.health import HealthThresholds, score_health
+from batchfit.outputs.health import (
+    DATASET_COLUMNS,
+    HealthThresholds,
+    failed_row,
+    fitted_row,
+    recorded_rows,
+    score_health,
+)
 from batchfit.outputs.summaries import (
     SummaryCache,
-    _failure_row,
+    _cell,
     _summary_rows,
     summary_columns,
 )
@@ -72,6 +79,7 @@ class CollectReport:
     posteriors_path: Path
     summary_path: Path
     failures_path: Path
+    datasets_path: Path
     warning_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
     summarised_ids: list[str] = field(default_factory=list)  # summarised this run (no valid cached summary)
@@ -90,11 +98,11 @@ class CollectReport:
         )
         n_fallbacks = sum(map(len, self.fallbacks.values()))
         if n_fallbacks:
-            line += f"; {n_fallbacks} not on batchfit's cached path (summary.csv's fallback column says why)"
+            line += f"; {n_fallbacks} not on batchfit's cached path (datasets.csv's fallback column says why)"
         if self.n_failed:
             return f"{line} (see {self.failures_path})"
         if self.n_warning or n_fallbacks:
-            return f"{line} (see {self.summary_path})"
+            return f"{line} (see {self.datasets_path})"
         return line
 
 
@@ -123,8 +131,8 @@ def collect_fits(
     expected_provenance: Mapping[str, str] | None = None,
     workers: int | SummaryHelpers = 1,
 ) -> CollectReport:
-    """Write summary.csv, posteriors.nc and failures.csv of `out` (default: `fits`) for `dataset_ids`,
-    whose fits and failure records are in `fits`.
+    """Write summary.csv, datasets.csv, posteriors.nc and failures.csv of `out` (default: `fits`) for
+    `dataset_ids`, whose fits and failure records are in `fits`.
 
     posteriors.nc (`batchfit.outputs.combined`) and summary.csv hold the variables `summary` selects;
     the status is scored on those `thresholds` selects (see `batchfit.model.variables`).
@@ -159,14 +167,17 @@ def collect_fits(
     fallbacks: dict[str, list[str]] = {}
     stale: list[str] = []
     stacked = SweepLayout()  # posteriors.nc's
-    with atomic_path(out.summary) as summary_tmp, atomic_path(out.posteriors) as posteriors_tmp:
-        with open(summary_tmp, "w", newline="") as csv_file:
+    with (atomic_path(out.summary) as summary_tmp, atomic_path(out.datasets_csv) as datasets_tmp,
+          atomic_path(out.posteriors) as posteriors_tmp):
+        with open(summary_tmp, "w", newline="") as csv_file, open(datasets_tmp, "w", newline="") as datasets_file:
             # as pandas' to_csv writes, without a DataFrame per dataset
             csv_out = csv.writer(csv_file, lineterminator="\n")
             csv_out.writerow(columns)
-            for dataset_id in dataset_ids:  # summary.csv streamed in the order given, one dataset at a time
+            datasets_out = csv.writer(datasets_file, lineterminator="\n")
+            datasets_out.writerow(DATASET_COLUMNS)
+            for dataset_id in dataset_ids:  # both streamed in the order given, one dataset at a time
                 if dataset_id in failures:
-                    csv_out.writerow(_failure_row(failures[dataset_id], columns))
+                    datasets_out.writerow(_dataset_cells(failed_row(failures[dataset_id])))
                     continue
                 entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
                 # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
@@ -177,11 +188,12 @@ def collect_fits(
                 scored = np.isin(table["variable"], entry["scored"])
                 health = score_health(np.asarray(table["r_hat"], dtype=float)[scored],
                                       np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"],
-                                      thresholds)
+                                      thresholds, recorded_rows(entry["attrs"]))
                 statuses[dataset_id] = health["status"]
                 if entry["attrs"].get("fallback"):
                     fallbacks.setdefault(str(entry["attrs"]["fallback"]), []).append(dataset_id)
-                csv_out.writerows(_summary_rows(dataset_id, entry, health, columns))
+                csv_out.writerows(_summary_rows(dataset_id, entry, columns))
+                datasets_out.writerow(_dataset_cells(fitted_row(dataset_id, entry["attrs"], health)))
                 stacked.add(entry["layout"], list(entry["attrs"]), dataset_id)
         if stale:
             raise stale_fits_error(stale, len(fitted), fit_path)
@@ -203,12 +215,18 @@ def collect_fits(
         posteriors_path=out.posteriors,
         summary_path=out.summary,
         failures_path=out.failures_csv,
+        datasets_path=out.datasets_csv,
         warning_ids=[d for d, status in statuses.items() if status == "warning"],
         failed_ids=list(failed),
         summarised_ids=[d for d in fitted if d in summarised],
         posterior_read_ids=read,
         fallbacks=fallbacks,
     )
+
+
+def _dataset_cells(row: Mapping[str, object]) -> list[str]:
+    """A datasets.csv row's cells in `DATASET_COLUMNS` order (empty where the row has no value)."""
+    return [_cell(row.get(column, "")) for column in DATASET_COLUMNS]
 
 
 def _write_posteriors(

@@ -31,15 +31,14 @@ from batchfit.outputs.combined import DATASET_DIM, POSTERIOR, dataset_posterior,
 log = logging.getLogger("batchfit")
 
 STATUSES = ("ok", "warning", "failed")
-# The health thresholds, as named in summary.csv's `message` (see batchfit.outputs.health._health).
-REASONS = ("r_hat", "ess_bulk", "divergences")
-DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "min_ess_bulk", "structure",
-                   "sampler_path"]
-# summary.csv's text columns, typed when it is read in parts: a part whose datasets have no message
+# The health thresholds, as named in datasets.csv's `message` (see batchfit.outputs.health.score_health).
+REASONS = ("r_hat", "ess_bulk", "divergences", "rows")
+# datasets.csv's text columns, typed when it is read in parts: a part whose datasets have no message
 # would read its message column as float.
-_SUMMARY_TEXT_COLUMNS = ("dataset", "parameter", "status", "message", "structure", "sampler_path")
-# Rows of summary.csv read at a time (a row per dataset and parameter): what a reader holds at once
-# must not grow with the sweep, and parsing a part costs memory in proportion to its rows.
+_TEXT_COLUMNS = ("dataset", "parameter", "path", "groups", "status", "message", "stage", "structure",
+                 "sampler_path", "fallback")
+# Rows of summary.csv or datasets.csv read at a time: what a reader holds at once must not grow with the
+# sweep, and parsing a part costs memory in proportion to its rows.
 SUMMARY_ROWS_AT_ONCE = 5_000
 _STATUS_COLOURS = {"ok": "#4c956c", "warning": "#e09f3e", "failed": "#9e2a2b"}
 _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
@@ -49,51 +48,38 @@ _INNER_PROB = 0.5  # the thick line of a forest plot, as arviz-plots draws it
 FOREST_BLOCK = 256
 
 
-def dataset_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per dataset of summary.csv (its dataset-level columns), in summary.csv's order."""
-    return summary.drop_duplicates("dataset")[DATASET_COLUMNS].reset_index(drop=True)
-
-
 @dataclass(frozen=True)
 class SweepHealth:
-    """The datasets of summary.csv by status and by health threshold crossed, and its first warnings."""
+    """The datasets of datasets.csv by status and by health threshold crossed, and its first warnings."""
 
     n_datasets: int
     counts: dict[str, int]  # datasets per status, every status present
     reasons: dict[str, int]  # warning datasets per threshold crossed (a dataset may cross several)
-    warnings: pd.DataFrame  # the first warning datasets (`dataset_table` rows), at most the max_rows asked for
+    warnings: pd.DataFrame  # the first warning datasets (datasets.csv rows), at most the max_rows asked for
     n_warnings: int
 
 
 def summary_parts(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE,
                   columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
-    """summary.csv (``columns`` of it, default all) ``rows_at_once`` rows at a time, its text columns as text.
+    """summary.csv or datasets.csv (``columns`` of it, default all) ``rows_at_once`` rows at a time, its text
+    columns as text.
 
     The text columns are read as Python strings (``object``), not pandas 3's ``str``: that dtype
     keeps its strings in pyarrow's memory pool, whose memory grew with the parts read (the report
     pages' summary table grew with N; as ``object`` it stays flat).
     """
-    text = {column: object for column in _SUMMARY_TEXT_COLUMNS if columns is None or column in columns}
+    header = pd.read_csv(summary_path, nrows=0).columns
+    text = {column: object for column in _TEXT_COLUMNS
+            if column in header and (columns is None or column in columns)}
     return pd.read_csv(summary_path, usecols=columns, dtype=text, chunksize=rows_at_once)
 
 
-def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
-    """The `SweepHealth` of a summary.csv, read a part at a time and kept as counts: a row per dataset
-    and parameter, or even a row per dataset, would make the memory of the plots and report
-    rules grow with the sweep (`benchmarks/sweep.py --scaling` prints each rule's peak memory).
-
-    A dataset's rows are consecutive in summary.csv (collect writes it dataset by dataset), so a
-    dataset is split between two parts only at their boundary.
-    """
+def read_health(datasets_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
+    """The `SweepHealth` of a datasets.csv (a row per dataset), read a part at a time and kept as counts:
+    a row per dataset would make the memory of the plots and report rules grow with the sweep
+    (`benchmarks/sweep.py --scaling` prints each rule's peak memory)."""
     n, counts, reasons, first, n_warnings = 0, dict.fromkeys(STATUSES, 0), dict.fromkeys(REASONS, 0), [], 0
-    last = None  # the previous part's last dataset
-    for part in summary_parts(summary_path, rows_at_once, DATASET_COLUMNS):
-        datasets = dataset_table(part)
-        if len(datasets) and datasets["dataset"].iloc[0] == last:
-            datasets = datasets.iloc[1:]  # its first rows were in the part before
-        if not len(datasets):
-            continue
-        last = datasets["dataset"].iloc[-1]
+    for datasets in summary_parts(datasets_path, rows_at_once):
         n += len(datasets)
         for totals, part_counts in ((counts, status_counts(datasets)), (reasons, reason_counts(datasets))):
             for key, count in part_counts.items():
@@ -101,7 +87,8 @@ def read_health(summary_path: Path, max_rows: int, rows_at_once: int = SUMMARY_R
         warned = datasets[datasets["status"] == "warning"]
         first.append(warned.head(max(0, max_rows - n_warnings)))
         n_warnings += len(warned)
-    table = pd.concat(first, ignore_index=True) if first else pd.DataFrame(columns=DATASET_COLUMNS)
+    table = (pd.concat(first, ignore_index=True) if first
+             else pd.DataFrame(columns=pd.read_csv(datasets_path, nrows=0).columns))
     return SweepHealth(n, counts, reasons, table, n_warnings)
 
 
@@ -290,7 +277,7 @@ def write_plots(config: Config) -> list[Path]:
     out = config.layout.plots
     out.mkdir(parents=True, exist_ok=True)
     written = [config.layout.health_plot]
-    plot_health(read_health(config.layout.summary, max_rows=0), written[0])
+    plot_health(read_health(config.layout.datasets_csv, max_rows=0), written[0])
     forest_dir = config.layout.forest_plots
     shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
     forest_dir.mkdir()

@@ -91,35 +91,51 @@ def health_page(health: SweepHealth, failures: pd.DataFrame, config: Config) -> 
     parts = [
         table(pd.DataFrame([health.counts | {"total": health.n_datasets}])),
         f"<p>A fit is a <b>warning</b> when any of its r_hat &gt; {h.max_r_hat}, any ess_bulk &lt; "
-        f"{h.min_ess_bulk} (checked on {html.escape(checked)}) or it has more than {h.max_divergences} "
-        "divergent transitions (config key <code>health</code>).</p>",
+        f"{h.min_ess_bulk} (checked on {html.escape(checked)}), it has more than {h.max_divergences} "
+        "divergent transitions" + (f" or its dataset has fewer than {h.min_rows} rows" if h.min_rows else "")
+        + " (config key <code>health</code>).</p>",
         "<h2>Warnings by threshold crossed</h2>",
         table(pd.DataFrame([health.reasons])),
         f"<h2>Warnings ({health.n_warnings})</h2>",
-        table(warnings, source="summary.csv", total=health.n_warnings) if health.n_warnings else "<p>No warnings.</p>",
+        table(warnings, source="datasets.csv", total=health.n_warnings) if health.n_warnings else "<p>No warnings.</p>",
         f"<h2>Failures ({len(failures)})</h2>",
         table(failures, source="failures.csv") if len(failures) else "<p>No dataset failed.</p>",
     ]
     return page("Health of the sweep", "\n".join(parts))
 
 
-def summary_page(summary_path: Path, *, max_rows: int = MAX_TABLE_ROWS,
+def summary_page(datasets_path: Path, summary_path: Path, *, max_rows: int = MAX_TABLE_ROWS,
                  rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> str:
-    """summary.csv as a table, failed and warning datasets first (its first ``max_rows`` rows in that order)."""
-    first, total = first_rows_by_status(summary_path, max_rows, rows_at_once)
-    return page("Diagnostics (summary.csv)", table(first, max_rows=max_rows, source="summary.csv", total=total))
+    """datasets.csv as a table, failed and warning datasets first, then summary.csv (the first ``max_rows``
+    rows of each)."""
+    first, total = first_rows_by_status(datasets_path, max_rows, rows_at_once)
+    statistics, n_statistics = first_rows(summary_path, max_rows, rows_at_once)
+    return page("Datasets and diagnostics", "\n".join([
+        "<h2>Datasets (datasets.csv), failed and warning ones first</h2>",
+        table(first, max_rows=max_rows, source="datasets.csv", total=total),
+        "<h2>Diagnostics per parameter (summary.csv)</h2>",
+        table(statistics, max_rows=max_rows, source="summary.csv", total=n_statistics)]))
 
 
-def first_rows_by_status(summary_path: Path, max_rows: int, rows_at_once: int) -> tuple[pd.DataFrame, int]:
-    """The first ``max_rows`` rows of summary.csv sorted (stably) by status, failed first, and its row count.
+def first_rows(path: Path, max_rows: int, rows_at_once: int) -> tuple[pd.DataFrame, int]:
+    """The first ``max_rows`` rows of a CSV file and its row count, read ``rows_at_once`` rows at a time."""
+    kept, total = [], 0
+    for part in summary_parts(path, rows_at_once):
+        kept.append(part.head(max(0, max_rows - total)))
+        total += len(part)
+    return (pd.concat(kept, ignore_index=True) if kept else pd.read_csv(path, nrows=0)), total
+
+
+def first_rows_by_status(datasets_path: Path, max_rows: int, rows_at_once: int) -> tuple[pd.DataFrame, int]:
+    """The first ``max_rows`` rows of datasets.csv sorted (stably) by status, failed first, and its row count.
 
     Read ``rows_at_once`` rows at a time, keeping at most ``max_rows`` of each status: memory
-    does not grow with the sweep (summary.csv has a row per dataset and parameter).
+    does not grow with the sweep.
     """
     kept: dict[int, list[pd.DataFrame]] = {}
     counts: Counter[int] = Counter()
     total = 0
-    for part in summary_parts(summary_path, rows_at_once):
+    for part in summary_parts(datasets_path, rows_at_once):
         total += len(part)
         order = part["status"].map(_STATUS_ORDER).fillna(len(_STATUS_ORDER)).astype(int)  # unknown ones last
         for rank, rows in part.groupby(order, sort=True):
@@ -128,8 +144,8 @@ def first_rows_by_status(summary_path: Path, max_rows: int, rows_at_once: int) -
                 kept.setdefault(rank, []).append(rows.head(wanted))
                 counts[rank] += min(wanted, len(rows))
     parts = [frame for rank in sorted(kept) for frame in kept[rank]]
-    if not parts:  # a summary.csv of its header only
-        return pd.read_csv(summary_path, nrows=0), total
+    if not parts:  # a datasets.csv of its header only
+        return pd.read_csv(datasets_path, nrows=0), total
     return pd.concat(parts, ignore_index=True).head(max_rows), total
 
 
@@ -209,8 +225,8 @@ def write_report_pages(config: Config) -> list[Path]:
     """The `report_pages` rule: health.html, summary.html, failures.html and provenance.html."""
     failures = pd.read_csv(config.layout.failures_csv)
     pages = {
-        "health.html": health_page(read_health(config.layout.summary, MAX_TABLE_ROWS), failures, config),
-        "summary.html": summary_page(config.layout.summary),
+        "health.html": health_page(read_health(config.layout.datasets_csv, MAX_TABLE_ROWS), failures, config),
+        "summary.html": summary_page(config.layout.datasets_csv, config.layout.summary),
         "failures.html": failures_page(failures),
         "provenance.html": provenance_page(config, config.layout.posteriors),
     }

@@ -15,7 +15,7 @@ from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_
 
 @dataclass(frozen=True)
 class Results:
-    """posteriors.nc, summary.csv and failures.csv of one sweep.
+    """posteriors.nc, summary.csv, datasets.csv and failures.csv of one sweep.
 
     `tree` is posteriors.nc opened lazily (`batchfit.outputs.combined`): hand it to ArviZ as it is
     (``az.summary(results.tree)``, ``azp.plot_forest(results.tree, var_names=["mu"])``: every
@@ -24,7 +24,8 @@ class Results:
     """
 
     tree: xr.DataTree
-    summary: pd.DataFrame
+    summary: pd.DataFrame  # summary.csv: a row per dataset and parameter
+    datasets: pd.DataFrame  # datasets.csv: a row per dataset (its file, rows, status, structure, diagnostics)
     failures: pd.DataFrame
     results_dir: Path
 
@@ -63,8 +64,8 @@ class Results:
 def open_results(config_or_path: Config | str | Path) -> Results:
     """Open a sweep's results: a `Config`, a config file, or a results directory.
 
-    posteriors.nc is opened lazily (its draws are read when used); summary.csv and failures.csv
-    are read into DataFrames (missing values as NaN, text as written).
+    posteriors.nc is opened lazily (its draws are read when used); summary.csv, datasets.csv and
+    failures.csv are read into DataFrames (missing values as NaN, text as written).
     """
     if isinstance(config_or_path, Config):
         layout = config_or_path.layout
@@ -72,12 +73,14 @@ def open_results(config_or_path: Config | str | Path) -> Results:
         layout = ResultsLayout(Path(config_or_path))
     else:
         layout = load_config(config_or_path).layout
-    missing = [path.name for path in (layout.posteriors, layout.summary, layout.failures_csv) if not path.is_file()]
+    missing = [path.name for path in (layout.posteriors, layout.summary, layout.datasets_csv, layout.failures_csv)
+               if not path.is_file()]
     if missing:
         raise FileNotFoundError(f"{layout.root} has no {', '.join(missing)}: run collect first "
                                 "(snakemake, or batchfit collect --config ...)")
     read = {"keep_default_na": False, "na_values": [""]}
     return Results(tree=xr.open_datatree(layout.posteriors),
                    summary=pd.read_csv(layout.summary, **read),
+                   datasets=pd.read_csv(layout.datasets_csv, **read),
                    failures=pd.read_csv(layout.failures_csv, **read),
                    results_dir=layout.root)

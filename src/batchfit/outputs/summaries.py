@@ -36,7 +36,7 @@ from batchfit.outputs.combined import (
     plain_attrs,
 )
 from batchfit.outputs.fit_reader import read_fit
-from batchfit.outputs.health import HEALTH_COLUMNS, HealthThresholds, score_health
+from batchfit.outputs.health import HealthThresholds, recorded_rows, score_health
 from batchfit.outputs.summary_helpers import SummaryHelpers, helpers_for, started
 
 log = logging.getLogger("batchfit")
@@ -209,8 +209,12 @@ def _code_sha256() -> str:
 
 
 def summary_columns(summary: SummarySettings) -> list[str]:
-    """summary.csv's columns; the interval's are named as ArviZ names them (``hdi89_lb``, ``hdi89_ub``)."""
-    return [*ROW_COLUMNS, *stat_columns(summary), *HEALTH_COLUMNS]
+    """summary.csv's columns; the interval's are named as ArviZ names them (``eti89_lb``, ``eti89_ub``).
+
+    A row per parameter and nothing of the dataset but its id: a dataset's own columns are
+    datasets.csv's (`batchfit.outputs.health.DATASET_COLUMNS`), joined on ``dataset``.
+    """
+    return [*ROW_COLUMNS, *stat_columns(summary)]
 
 
 def stat_columns(summary: SummarySettings) -> list[str]:
@@ -275,31 +279,13 @@ def _selected(
         raise ConfigError(f"{exc}, in the fit of dataset '{dataset_id}' ({path})", key=f"{key}.var_names") from None
 
 
-def _summary_rows(
-    dataset_id: str, entry: Mapping[str, Any], health: dict[str, Any], columns: list[str]
-) -> list[list[str]]:
-    """summary.csv rows for one fitted dataset: why it is a warning, and the structure and path it took.
-
-    A row per summarised element; a fit with none (``outputs.var_names`` kept only
-    observation-sized deterministics) gets one row with an empty parameter, as a failed dataset
-    does: every dataset of the sweep has its health in summary.csv.
-    """
-    table, attrs = entry["table"], entry["attrs"]
-    per_dataset = {
-        "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
-        "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
-        "sampler_path": str(attrs.get("sampler_path", "")), "fallback": str(attrs.get("fallback", "")),
-    }
+def _summary_rows(dataset_id: str, entry: Mapping[str, Any], columns: list[str]) -> list[list[str]]:
+    """summary.csv rows for one fitted dataset: a row per summarised element (none when the fit has none,
+    e.g. ``outputs.var_names`` kept only observation-sized deterministics)."""
+    table = entry["table"]
     wanted = set(entry["summarised"])
-    rows = [[_cell(per_dataset[c] if c in per_dataset else table[c][i]) for c in columns]
+    return [[_cell(dataset_id if c == "dataset" else table[c][i]) for c in columns]
             for i, variable in enumerate(table["variable"]) if variable in wanted]
-    return rows or [[_cell(per_dataset.get(c, "")) for c in columns]]
-
-
-def _failure_row(record: dict[str, str], columns: list[str]) -> list[str]:
-    """The single summary.csv row for a failed dataset."""
-    row = {"dataset": record["dataset"], "status": "failed", "message": record["message"]}
-    return [row.get(c, "") for c in columns]
 
 
 def _cell(value: Any) -> str:
@@ -310,7 +296,8 @@ def _cell(value: Any) -> str:
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
-    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons.
+    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons, and the rows and
+    groups the fit recorded of its dataset.
 
     `status` is "warning" if any threshold is crossed, else "ok"; `reasons` says which, in
     words, for log lines. NaN diagnostics (e.g. a constant variable) are ignored.
@@ -320,4 +307,7 @@ def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, An
     posterior, divergences = read_fit(dataset_id, fit_path)
     scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
     table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
-    return score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences, thresholds)
+    rows = recorded_rows(posterior.attrs)
+    health = score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences,
+                          thresholds, rows)
+    return {**health, "rows": rows, "groups": str(posterior.attrs.get("groups", ""))}

@@ -18,6 +18,7 @@ from batchfit.data.discovery import DatasetFiles, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.provenance import expected_digests, recorded_digest, write_planned
 from batchfit.model.imports import user_imports
+from batchfit.outputs.orphans import move_orphans
 
 log = logging.getLogger("batchfit")
 
@@ -119,7 +120,9 @@ def untried_batch_id(config: Config, dataset_ids: Sequence[str], digests: Sequen
 
 def write_plan(config: Config, sweep: Plan) -> None:
     """Record the plan a sweep runs with (its main process does, once its jobs are decided), with
-    what planning it computed before the results directory existed (`provenance.write_planned`)."""
+    what planning it computed before the results directory existed (`provenance.write_planned`);
+    move the outputs of datasets no longer in the sweep out of the way (`move_orphans`)."""
+    move_orphans(config.layout, list(sweep.datasets))
     write_json(config.layout.plan, {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
                                    "batches": sweep.batches})
     write_planned(config)

@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchfit.common.grouping import grouped_lines
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
+from batchfit.fitting.outcome import failure_reason
 from batchfit.fitting.provenance import expected_digests, recorded_digest
 
 FITTED, FAILED, PENDING = "fitted", "failed", "pending"
@@ -29,6 +31,7 @@ class SweepStatus:
     states: dict[str, str]
     estimate: str
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # fitted off the cached path: why -> ids
+    reasons: dict[str, str] = field(default_factory=dict)  # failed dataset -> why, without the dataset
 
     def ids(self, state: str) -> list[str]:
         return [d for d, s in self.states.items() if s == state]
@@ -36,10 +39,11 @@ class SweepStatus:
     def lines(self) -> list[str]:
         counts = {state: len(self.ids(state)) for state in (FITTED, PENDING, FAILED)}
         lines = [f"{len(self.states)} dataset(s): " + ", ".join(f"{n} {state}" for state, n in counts.items())]
-        for state in (FAILED, PENDING):
-            ids = self.ids(state)
-            if ids:
-                lines.append(f"{state}: {_ids(ids)}")
+        failed = self.ids(FAILED)
+        if failed:  # one line per distinct reason
+            lines += ["failed:", *(f"  {line}" for line in grouped_lines({d: self.reasons.get(d, "") for d in failed}))]
+        if self.ids(PENDING):
+            lines.append(f"{PENDING}: {_ids(self.ids(PENDING))}")
         if self.fallbacks:
             lines.append(f"fitted off batchfit's cached path: {sum(map(len, self.fallbacks.values()))} dataset(s)")
             lines += [f"  {len(ids)} because {why}: {_ids(ids)}" for why, ids in self.fallbacks.items()]
@@ -58,9 +62,11 @@ class DatasetStatus:
     state: str
     detail: str
     log: list[tuple[Path, str]] = field(default_factory=list)
+    traceback: str = ""  # a failed dataset's: where the model's code failed
 
     def lines(self) -> list[str]:
-        lines = [f"{self.dataset}: {self.state} ({self.detail})"]
+        lines = [f"{self.dataset}: {self.state} ({self.detail})",
+                 *(f"  {line}" for line in self.traceback.rstrip().splitlines())]
         if not self.log:
             return [*lines, "no fit log mentions it (results_dir/logs/fit/*.log)"]
         for path in dict.fromkeys(p for p, _ in self.log):
@@ -70,10 +76,12 @@ class DatasetStatus:
 
 def sweep_status(config: Config) -> SweepStatus:
     """Count fitted, failed and pending datasets; estimate the time left for the pending ones."""
-    states = {d: state for d, (state, _) in _states(config).items()}
+    found = _states(config)
+    states = {d: state for d, (state, _) in found.items()}
     pending = sum(s == PENDING for s in states.values())
     current = [d for d, s in states.items() if s == FITTED]
-    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current))
+    reasons = {d: _failure_message(config, d, reason=True) or "" for d, s in states.items() if s == FAILED}
+    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current), reasons)
 
 
 def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
@@ -87,8 +95,11 @@ def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
         from batchfit.outputs.summaries import dataset_health  # xarray, netCDF4, ArviZ: to show a fit's health
 
         health = dataset_health(config.layout.fit(dataset_id), config.health)
-        detail = health["status"] + "".join(f"; {reason}" for reason in health["reasons"])
-    return DatasetStatus(dataset_id, state, detail, log_lines(config, dataset_id))
+        size = [] if health["rows"] is None else [f"{health['rows']} rows" + (f", {health['groups']}"
+                                                                              if health["groups"] else "")]
+        detail = "; ".join([health["status"], *size, *health["reasons"]])
+    trace = _failure_traceback(config, dataset_id) if state == FAILED else ""
+    return DatasetStatus(dataset_id, state, detail, log_lines(config, dataset_id), trace)
 
 
 def _states(config: Config) -> dict[str, tuple[str, str]]:
@@ -113,14 +124,26 @@ def _states(config: Config) -> dict[str, tuple[str, str]]:
     return states
 
 
-def _failure_message(config: Config, dataset_id: str) -> str | None:
+def _failure_message(config: Config, dataset_id: str, *, reason: bool = False) -> str | None:
+    """A failed dataset's stage and message (its record's reason, without the dataset, if ``reason``);
+    None without a failure record."""
     try:
         record = json.loads(config.layout.failure(dataset_id).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         return f"unreadable failure record {config.layout.failure(dataset_id)}: {exc}"
+    if reason:
+        return f"at {record.get('stage')}: {failure_reason(record)}"
     return f"at {record.get('stage')}: {record.get('message')}"
+
+
+def _failure_traceback(config: Config, dataset_id: str) -> str:
+    """The traceback a failure record keeps (the model's own frames, or batchfit's bug's), '' if none."""
+    try:
+        return str(json.loads(config.layout.failure(dataset_id).read_text()).get("traceback") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
