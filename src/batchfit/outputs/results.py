@@ -12,6 +12,10 @@ from batchfit.config import Config, load_config
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
 
+# datasets.csv's integer columns, empty for a failed dataset: read as pandas' nullable integers, since
+# as floats a 63-bit seed would not be the seed any more.
+DATASET_INTEGERS = {"rows": "Int64", "seed": "Int64", "divergences": "Int64"}
+
 
 @dataclass(frozen=True)
 class Results:
@@ -81,6 +85,6 @@ def open_results(config_or_path: Config | str | Path) -> Results:
     read = {"keep_default_na": False, "na_values": [""]}
     return Results(tree=xr.open_datatree(layout.posteriors),
                    summary=pd.read_csv(layout.summary, **read),
-                   datasets=pd.read_csv(layout.datasets_csv, **read),
+                   datasets=pd.read_csv(layout.datasets_csv, dtype=DATASET_INTEGERS, **read),
                    failures=pd.read_csv(layout.failures_csv, **read),
                    results_dir=layout.root)
