@@ -25,6 +25,7 @@ from batchfit.layout import ResultsLayout
 from batchfit.model.variables import DETERMINISTIC, ROLE_ATTR
 from batchfit.outputs.collect import collect, collect_fits
 from batchfit.outputs.combined import dataset_posterior
+from batchfit.outputs.health import DATASET_COLUMNS
 from batchfit.outputs.summaries import dataset_health
 
 CHAINS, DRAWS = 2, 50
@@ -37,6 +38,7 @@ class Health:
     max_divergences: int = 0
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    min_rows: int | None = None
 
 
 def sweep_config(results_dir: Path) -> Config:
@@ -118,7 +120,7 @@ def write_failure(config: Config, dataset_id: str, message: str) -> Path:
 
 
 IDS = ["store_01", "store_02", "store_03", "store_04", "store_07"]
-FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "traceback"]
+FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "reason", "traceback"]
 FAILURE_MESSAGE = "dataset error (dataset 'store_04', column 'y'): 3 missing values, first in row 7"
 
 
@@ -212,16 +214,13 @@ def test_summary_csv(sweep: Config) -> None:
     reference = arviz.summary(arviz.from_netcdf(sweep.layout.fit("store_01")), round_to="none")
     assert list(reference.columns) == ["mean", "sd", "eti89_lb", "eti89_ub", "ess_bulk", "ess_tail", "r_hat",
                                        "mcse_mean", "mcse_sd"]  # ArviZ's default interval: 89% ETI
-    assert list(summary.columns) == ["dataset", "parameter", *reference.columns,
-                                     "divergences", "max_r_hat", "min_ess_bulk", "status", "message",
-                                     "structure", "sampler_path", "fallback"]
+    assert list(summary.columns) == ["dataset", "parameter", *reference.columns]  # the dataset's own: datasets.csv
 
-    # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, failure row, 5+1+10
+    # a[g], sigma, L[g, k] per dataset: 3+1+6, 5+1+10, 3+1+6, 5+1+10; the failed one has none
     assert summary.groupby("dataset", sort=False).size().to_dict() == {
         "store_01": 10,
         "store_02": 16,
         "store_03": 10,
-        "store_04": 1,
         "store_07": 16,
     }
     store_01 = summary[summary["dataset"] == "store_01"]
@@ -230,33 +229,47 @@ def test_summary_csv(sweep: Config) -> None:
         "L[g1, 0]", "L[g1, 1]", "L[g2, 0]", "L[g2, 1]", "L[g3, 0]", "L[g3, 1]",
     ]  # fmt: skip
     np.testing.assert_allclose(store_01[reference.columns], reference.loc[store_01["parameter"]], rtol=1e-10)
-    assert store_01["message"].isna().all()
 
-    status = summary.groupby("dataset", sort=False)["status"].agg(set).to_dict()
-    assert status == {
-        "store_01": {"ok"},
-        "store_02": {"warning"},
-        "store_03": {"warning"},
-        "store_04": {"failed"},
-        "store_07": {"ok"},
-    }
 
-    divergences = summary.groupby("dataset")["divergences"].first()
-    assert divergences["store_01"] == 0 and divergences["store_02"] == 4
-    store_02 = summary[summary["dataset"] == "store_02"]
-    assert store_02["max_r_hat"].iloc[0] == pytest.approx(store_02["r_hat"].max())
-    assert store_02["min_ess_bulk"].iloc[0] == pytest.approx(store_02["ess_bulk"].min())
-    assert store_02["max_r_hat"].iloc[0] <= Health().max_r_hat  # warned for divergences only
-    assert set(store_02["message"]) == {f"4 divergences > {Health().max_divergences}"}  # the reason of the warning
+def test_datasets_csv_has_a_row_per_dataset_with_its_health(sweep: Config) -> None:
+    """datasets.csv (#45): a dataset's own columns once, in the sweep's order, failed datasets included."""
+    collect(sweep, IDS)
+    summary = pd.read_csv(sweep.layout.summary, keep_default_na=False, na_values=[""])
+    datasets = pd.read_csv(sweep.layout.datasets_csv, keep_default_na=False, na_values=[""])
+    assert list(datasets.columns) == DATASET_COLUMNS and list(datasets["dataset"]) == IDS
+    datasets = datasets.set_index("dataset")
+    assert datasets["status"].to_dict() == {"store_01": "ok", "store_02": "warning", "store_03": "warning",
+                                            "store_04": "failed", "store_07": "ok"}
+    assert pd.isna(datasets.loc["store_01", "message"])
+    assert datasets.loc["store_01", "divergences"] == 0 and datasets.loc["store_02", "divergences"] == 4
+    store_02 = summary[summary["dataset"] == "store_02"]  # every variable of these fits is a free parameter
+    assert datasets.loc["store_02", "max_r_hat"] == pytest.approx(store_02["r_hat"].max())
+    assert datasets.loc["store_02", "min_ess_bulk"] == pytest.approx(store_02["ess_bulk"].min())
+    assert datasets.loc["store_02", "max_r_hat"] <= Health().max_r_hat  # warned for divergences only
+    assert datasets.loc["store_02", "message"] == f"4 divergences > {Health().max_divergences}"
+    assert datasets.loc["store_03", "max_r_hat"] > 1.5
+    with xr.open_datatree(sweep.layout.fit("store_01")) as fit:
+        assert datasets.loc["store_01", "seed"] == int(fit.attrs["seed"])
+    failed = datasets.loc["store_04"]
+    assert failed["message"] == FAILURE_MESSAGE and failed["stage"] == "check"
+    assert failed["path"] == "data/store_04.csv" and pd.isna(failed["divergences"])
 
-    store_03 = summary[summary["dataset"] == "store_03"]
-    assert store_03["divergences"].iloc[0] == 0
-    assert store_03.set_index("parameter").loc["sigma", "r_hat"] > 1.5
-    assert store_03["max_r_hat"].iloc[0] > 1.5
 
-    failed = summary[summary["dataset"] == "store_04"].iloc[0]
-    assert pd.isna(failed["parameter"]) and pd.isna(failed["mean"]) and pd.isna(failed["divergences"])
-    assert failed["message"] == FAILURE_MESSAGE
+def test_health_min_rows_makes_a_fit_of_fewer_rows_a_warning(sweep: Config) -> None:
+    """health.min_rows (#45), against the rows each fit recorded of its dataset."""
+    for dataset_id, rows in (("store_01", 3), ("store_07", 12)):
+        with xr.open_datatree(sweep.layout.fit(dataset_id)) as fit:
+            tree = fit.load()
+        tree.attrs["rows"] = rows
+        sweep.layout.fit(dataset_id).unlink()
+        tree.to_netcdf(sweep.layout.fit(dataset_id), engine="h5netcdf")
+    strict = config_from_dict({**config_to_dict(sweep), "health": {**config_to_dict(sweep)["health"], "min_rows": 10}})
+    report = collect(strict, IDS)
+    datasets = pd.read_csv(strict.layout.datasets_csv).set_index("dataset")
+    assert datasets.loc["store_01", "status"] == "warning" and report.warning_ids[0] == "store_01"
+    assert datasets.loc["store_01", "message"] == "3 rows < 10 (health.min_rows)"
+    assert datasets.loc["store_07", "status"] == "ok" and datasets.loc["store_07", "rows"] == 12
+    assert collect(sweep, IDS).warning_ids == ["store_02", "store_03"]  # unset: not checked
 
 
 def test_failures_csv(sweep: Config) -> None:
@@ -270,6 +283,7 @@ def test_failures_csv(sweep: Config) -> None:
             "stage": "check",
             "error_type": "DatasetError",
             "message": FAILURE_MESSAGE,
+            "reason": FAILURE_MESSAGE,  # the record has none: its message
             "traceback": "",  # an expected error: no bug to report
         }
     ]
@@ -307,7 +321,8 @@ def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
     report = collect_fits(["store_03"], fits=sweep.layout, out=ResultsLayout(out),
                           thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0))
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
-    assert {p.name for p in out.iterdir()} == {"posteriors.nc", "summary.csv", "failures.csv", "summaries"}
+    assert {p.name for p in out.iterdir()} == {"posteriors.nc", "summary.csv", "datasets.csv", "failures.csv",
+                                               "summaries"}
     assert not sweep.layout.summary.exists()
 
 
@@ -316,7 +331,8 @@ def test_health_is_scored_on_free_parameters_by_default(tmp_path: Path) -> None:
     write_fit(config, "s", 3, seed=1, stuck_deterministic=True)
     summary = pd.read_csv(collect(config, ["s"]).summary_path).set_index("parameter")
     assert summary.loc["d", "r_hat"] > 1.5  # summarised, but a deterministic
-    assert set(summary["status"]) == {"ok"} and summary["max_r_hat"].iloc[0] < 1.5
+    [row] = pd.read_csv(config.layout.datasets_csv).to_dict("records")
+    assert row["status"] == "ok" and row["max_r_hat"] < 1.5
 
     scored = config_from_dict({**config_to_dict(config), "health": {"var_names": ["d", "sigma"]}})
     assert collect(scored, ["s"]).warning_ids == ["s"]
@@ -624,7 +640,9 @@ def test_open_results_hands_arviz_one_dataset_or_all(sweep: Config, tmp_path: Pa
         with batchfit.open_results(source) as results:
             assert results.dataset_ids == ["store_01", "store_02", "store_03", "store_07"]
             assert list(results.failures["dataset"]) == ["store_04"]
-            assert set(results.summary["dataset"]) == set(IDS)
+            assert set(results.summary["dataset"]) == set(IDS) - {"store_04"}  # a row per parameter
+            assert list(results.datasets["dataset"]) == IDS  # a row per dataset
+            assert results.datasets.set_index("dataset").loc["store_04", "status"] == "failed"
     with batchfit.open_results(sweep) as results:
         for dataset_id in results.dataset_ids:
             ours = arviz.summary(results.dataset(dataset_id), round_to="none")

@@ -30,8 +30,8 @@ from batchfit.fitting.batch import fit_batch
 from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR
 from batchfit.outputs.collect import collect
 from batchfit.outputs.combined import SweepLayout, fit_layout, stacked_writer
+from batchfit.outputs.health import DATASET_COLUMNS
 from batchfit.outputs.plots import (
-    DATASET_COLUMNS,
     ForestRows,
     forest_figure,
     forest_rows,
@@ -74,7 +74,7 @@ def write_posteriors(path: Path, n_datasets: int, seed: int = 0, without_a: int 
 
 def arviz_rows(draws: dict[str, xr.DataArray], summary: SummarySettings) -> dict[str, np.ndarray]:
     """Each row's mean and intervals by arviz-stats, from its draws (label -> (chain, draw) DataArray)."""
-    interval = getattr(azs, summary.ci_kind)
+    interval = getattr(azs, summary.interval_kind)
     stacked = xr.concat(list(draws.values()), dim="row")
     return {"mean": stacked.mean(["chain", "draw"]).values,
             "outer": interval(stacked, prob=summary.interval_prob, dim=["chain", "draw"]).values,
@@ -153,59 +153,63 @@ def test_forest_figure_draws_each_rows_arviz_intervals_and_mean(tmp_path, ci_kin
 
 
 def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):
-    """summary.csv as collect writes it when every dataset is ok: its message column is empty."""
-    rows = [{"dataset": f"ds_{i}", "parameter": "mu", "status": "ok", "message": "", "divergences": 0,
+    """datasets.csv as collect writes it when every dataset is ok: its message column is empty."""
+    rows = [{"dataset": f"ds_{i}", "status": "ok", "message": "", "divergences": 0,
              "max_r_hat": 1.0, "min_ess_bulk": 900.0, "structure": "s", "sampler_path": "cached"} for i in range(3)]
-    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
-    plot_health(read_health(tmp_path / "summary.csv", max_rows=0), tmp_path / "health.png")
+    pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
+    plot_health(read_health(tmp_path / "datasets.csv", max_rows=0), tmp_path / "health.png")
     assert (tmp_path / "health.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("max_rows", [1, 100])
 @pytest.mark.parametrize("rows_at_once", [1, 4, 5, 100])
-def test_the_health_read_in_parts_is_the_whole_summarys(tmp_path, rows_at_once, max_rows):
-    """A dataset's parameter rows split between parts (and failed datasets, one row each) still count
-    once; the counts and first warnings are what pandas makes of the whole summary.csv."""
-    rows = [{"dataset": f"ds_{i}", "parameter": p, "status": ("warning", "ok", "failed")[i % 3] if i != 4 else "failed",
-             "message": ("r_hat 1.2 > 1.01", "", "sampling failed")[i % 3] + ("; divergences 3 > 0" if i == 3 else ""),
+def test_the_health_read_in_parts_is_the_whole_tables(tmp_path, rows_at_once, max_rows):
+    """The counts and first warnings of datasets.csv read in parts are what pandas makes of the whole file."""
+    rows = [{"dataset": f"ds_{i}", "status": ("warning", "ok", "failed")[i % 3] if i != 4 else "failed",
+             "message": ("r_hat 1.2 > 1.01", "", "sampling failed")[i % 3] + ("; divergences 3 > 0" if i == 3 else "")
+             + ("; 3 rows < 10 (health.min_rows)" if i == 6 else ""),
              "divergences": i, "max_r_hat": 1.0 + i / 10, "min_ess_bulk": 900.0 - i, "structure": "s",
-             "sampler_path": "cached", "mean": float(j)}
-            for i in range(8) for j, p in enumerate(("mu", "sigma", "a[1]") if i != 4 else ("",))]
-    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
-    datasets = pd.read_csv(tmp_path / "summary.csv").drop_duplicates("dataset")
+             "sampler_path": "cached"} for i in range(8)]
+    pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
+    datasets = pd.read_csv(tmp_path / "datasets.csv")
     warned = datasets[datasets["status"] == "warning"]
 
-    health = read_health(tmp_path / "summary.csv", max_rows, rows_at_once)
+    health = read_health(tmp_path / "datasets.csv", max_rows, rows_at_once)
     assert health.n_datasets == len(datasets) == 8
     assert health.counts == {s: int((datasets["status"] == s).sum()) for s in ("ok", "warning", "failed")}
     assert health.reasons == {r: int(warned["message"].str.contains(r).sum()) for r in ("r_hat", "ess_bulk",
-                                                                                       "divergences")}
-    assert health.reasons["divergences"] == 1 and health.n_warnings == len(warned) == 3
+                                                                                       "divergences", "rows")}
+    assert health.reasons["divergences"] == 1 and health.reasons["rows"] == 1
+    assert health.n_warnings == len(warned) == 3
     pd.testing.assert_frame_equal(health.warnings, warned[DATASET_COLUMNS].head(max_rows).reset_index(drop=True),
                                   check_dtype=False)
 
 
 @pytest.mark.parametrize(("rows_at_once", "max_rows"), [(1, 4), (3, 4), (5, 100), (100, 7), (100, 1)])
 def test_the_summary_page_shows_the_first_rows_of_the_whole_table_by_status(tmp_path, rows_at_once, max_rows):
-    """Read in parts, the summary page holds the rows pandas' stable sort of the whole summary.csv puts
-    first (failed, warning, ok, then any other status), and says how many it leaves out."""
+    """Read in parts, the page holds the rows pandas' stable sort of the whole datasets.csv puts first
+    (failed, warning, ok, then any other status), and says how many it leaves out; then summary.csv's
+    first rows."""
     statuses = ["ok", "warning", "failed", "ok", "mystery", "warning", "ok", "failed", "ok"]
-    rows = [{"dataset": f"ds_{i}", "parameter": p if status != "failed" else "", "mean": i + j / 10,
-             "divergences": i if status != "failed" else None, "status": status,
-             "message": "r_hat 1.2 > 1.01" if status == "warning" else ""}
-            for i, status in enumerate(statuses)
-            for j, p in enumerate(("mu", "sigma") if status != "failed" else ("",))]
-    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
-    whole = pd.read_csv(tmp_path / "summary.csv")
+    rows = [{"dataset": f"ds_{i}", "divergences": i if status != "failed" else None, "status": status,
+             "message": "r_hat 1.2 > 1.01" if status == "warning" else ""} for i, status in enumerate(statuses)]
+    pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
+    parameters = [{"dataset": f"ds_{i}", "parameter": p, "mean": i + j / 10}
+                  for i, status in enumerate(statuses) if status != "failed" for j, p in enumerate(("mu", "sigma"))]
+    pd.DataFrame(parameters).to_csv(tmp_path / "summary.csv", index=False)
+    whole = pd.read_csv(tmp_path / "datasets.csv")
     rank = {"failed": 0, "warning": 1, "ok": 2}
     expected = whole.sort_values("status", key=lambda s: s.map(rank).fillna(3), kind="stable").head(max_rows)
 
-    first, total = first_rows_by_status(tmp_path / "summary.csv", max_rows, rows_at_once)
-    assert total == len(whole) == 16
+    first, total = first_rows_by_status(tmp_path / "datasets.csv", max_rows, rows_at_once)
+    assert total == len(whole) == 9
     pd.testing.assert_frame_equal(first, expected.reset_index(drop=True), check_dtype=False)
-    text = summary_page(tmp_path / "summary.csv", max_rows=max_rows, rows_at_once=rows_at_once)
-    assert (f"Showing the first {max_rows} of 16 rows" in text) == (max_rows < 16)
-    assert text.count("<tr class=") == min(max_rows, 16)
+    text = summary_page(tmp_path / "datasets.csv", tmp_path / "summary.csv", max_rows=max_rows,
+                        rows_at_once=rows_at_once)
+    assert (f"Showing the first {max_rows} of 9 rows" in text) == (max_rows < 9)
+    assert (f"Showing the first {max_rows} of 14 rows" in text) == (max_rows < 14)
+    assert text.count("<tr class=") == min(max_rows, 9)
+    assert text.count("<td>mu</td>") == min(7, (max_rows + 1) // 2)
 
 
 @pytest.mark.parametrize("block", [1, 2, 4096])
@@ -327,9 +331,9 @@ def forest_files(config: Config) -> list[str]:
 
 
 def health_cells(config: Config, n_datasets: int) -> str:
-    """The health table's row the page must show, as pandas counts summary.csv's datasets: ok, warning,
+    """The health table's row the page must show, as pandas counts datasets.csv's datasets: ok, warning,
     failed, total (checked to be `n_datasets`)."""
-    datasets = pd.read_csv(config.layout.summary).drop_duplicates("dataset")
+    datasets = pd.read_csv(config.layout.datasets_csv)
     assert len(datasets) == n_datasets
     counts = [int((datasets["status"] == status).sum()) for status in ("ok", "warning", "failed")]
     return "".join(f"<td>{n}</td>" for n in [*counts, n_datasets])
@@ -364,7 +368,7 @@ def test_a_sweep_keeping_only_deterministics_gets_its_plots_and_pages(vector_fit
                                                                       drawn):
     """Only deterministics in posteriors.nc: forest plots of those (scalar ones first, as for free parameters).
     Kept only an observation-sized one, which summary.csv does not summarise: each dataset still has its
-    row there, with its health, and the plots log says there is nothing to draw."""
+    row in datasets.csv, with its health, and the plots log says there is nothing to draw."""
     config = vector_sweep(vector_fits, tmp_path, list(VECTOR_GROUPS), refit=refit, **settings)
     with caplog.at_level(logging.WARNING, logger="batchfit"):
         write_plots(config)
@@ -375,7 +379,7 @@ def test_a_sweep_keeping_only_deterministics_gets_its_plots_and_pages(vector_fit
         assert_rows_are_arviz(rows[name], fit_elements(config, list(VECTOR_GROUPS), name), config.summary)
     if not drawn:
         assert "no forest plot: posteriors.nc holds no variable" in caplog.text
-    assert pd.read_csv(config.layout.summary)["dataset"].drop_duplicates().tolist() == list(VECTOR_GROUPS)
+    assert pd.read_csv(config.layout.datasets_csv)["dataset"].tolist() == list(VECTOR_GROUPS)
     write_report_pages(config)
     assert health_cells(config, 3) in health_page(config)
 
@@ -395,7 +399,8 @@ def test_a_sweep_of_a_single_dataset_gets_its_plots_and_pages(vector_fits, tmp_p
     assert f"<td>first fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
     assert f"<td>last fit sampled</td><td>{sampled}</td>" in (report / "provenance.html").read_text()
     summary, summary_html = pd.read_csv(config.layout.summary), (report / "summary.html").read_text()
-    assert summary_html.count("<tr class=") == len(summary) == 4 + 8 + 4 + 1  # a, L, a_centered, a_range
+    assert summary_html.count("<tr class=") == 1  # datasets.csv's one dataset, coloured by its status
+    assert len(summary) == 4 + 8 + 4 + 1  # a, L, a_centered, a_range
     assert all(f"<td>s3</td><td>{parameter}</td>" in summary_html for parameter in summary["parameter"])
 
 
@@ -431,19 +436,20 @@ def test_variables_whose_dims_differ_between_datasets_are_drawn_at_each_datasets
 
 @pytest.mark.slow
 def test_a_sweep_in_which_every_dataset_failed_still_has_its_plots_and_report(tmp_path, session_cache):
-    """Through the real rules: `status` fails the run, the plots and pages are written (health: all failed,
-    no forest plot, also with report.var_names set) and `snakemake --report` makes the report."""
+    """Through the real rules: the run exits non-zero with batchfit's verdict, the plots and pages are
+    written (health: all failed, no forest plot, also with report.var_names set) and `snakemake --report`
+    makes the report."""
     (tmp_path / "model.py").write_text(VECTOR_MODEL)
     write_vector_data(tmp_path / "data", {"b1": ["g0", "g1"], "b2": ["g0"]}, failing=True)
     config = write_config(tmp_path / "sweep.yaml", vector_settings(tmp_path, session_cache, results_dir="results",
                                                                   datasets=["data/*.csv"], report={"var_names": ["a"]}))
     run = snakemake(tmp_path, config)
-    assert run.returncode != 0 and "2 dataset(s) failed" in run.stderr, run.stderr[-3000:]
-    assert "Error in rule status" in run.stderr and "Error in rule plots" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode != 0 and "2 of 2 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    assert "Error in rule" not in run.stderr, run.stderr[-3000:]
     results = tmp_path / "results"
     assert (results / "plots" / "forest").is_dir() and not list((results / "plots" / "forest").glob("*.png"))
     assert "no forest plot: no dataset was fitted" in (results / "logs" / "plots.log").read_text()
-    health = read_health(results / "summary.csv", max_rows=0)
+    health = read_health(results / "datasets.csv", max_rows=0)
     assert health.counts == {"ok": 0, "warning": 0, "failed": 2}
     bars = health_figure(health).axes[0].patches  # the figure plots/health.png is
     assert [bar.get_width() for bar in bars] == [0, 0, 2]
@@ -492,7 +498,7 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
     bad.to_csv(tmp_path / "data" / "shop_bad.csv", index=False)  # fails to load: a failure to report
 
     run = snakemake(tmp_path, config)
-    assert run.returncode != 0 and "1 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    assert run.returncode != 0 and "1 of 4 dataset(s) failed" in run.stderr, run.stderr[-3000:]
     results = tmp_path / "results"
     forest = sorted(p.name for p in (results / "plots" / "forest").glob("*.png"))
     assert forest == ["b.png", "mu_a.png", "sigma.png", "sigma_a.png"]  # the scalar free parameters
@@ -504,7 +510,7 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
     fig.savefig(results / "sbc" / "mu_a" / "ranks.png")
     plt.close(fig)
     run = snakemake(tmp_path, config)
-    assert run.returncode != 0 and "1 dataset(s) failed" in run.stderr, run.stderr[-3000:]
+    assert run.returncode != 0 and "1 of 4 dataset(s) failed" in run.stderr, run.stderr[-3000:]
     assert (results / "plots" / "sbc" / "mu_a" / "ranks.png").read_bytes() == \
         (results / "sbc" / "mu_a" / "ranks.png").read_bytes()
     for kind in ("html", "zip"):
@@ -516,7 +522,7 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
             "provenance.html"} <= names
 
     summary = pd.read_csv(results / "summary.csv")
-    per_dataset = summary.drop_duplicates("dataset").set_index("dataset")
+    per_dataset = pd.read_csv(results / "datasets.csv").set_index("dataset")
     compile_key = xr.open_datatree(results / "fits" / "shop_001.nc").attrs["compile_key"]
     artifacts = Path(os.environ.get("BATCHFIT_TEST_ARTIFACTS", tmp_path / "screenshots"))
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -566,8 +572,9 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
         for dataset_id, row in per_dataset[per_dataset["status"] != "ok"].iterrows():
             assert dataset_id in text and str(row["message"]).split(";")[0] in text
 
-        open_result("3. Tables", "diagnostics (summary.csv)")
+        open_result("3. Tables", "datasets and diagnostics (datasets.csv, summary.csv)")
         text = shown_page()
+        assert all(f"{d}\t{p}" in text for d, p in per_dataset["path"].items())
         assert all(f"{d}\t{p}" in text for d, p in summary[["dataset", "parameter"]].dropna().itertuples(index=False))
 
         open_result("3. Tables", "failures (failures.csv)")
