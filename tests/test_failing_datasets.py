@@ -60,7 +60,9 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     run = snakemake(tmp_path, config)
     out = output_of(run)
     assert run.returncode != 0, out
-    assert "\nbatchfit: 2 dataset(s) failed (c_nan, c_nocol); see results/failures.csv\n" in out, out
+    assert "\nbatchfit: 2 of 6 dataset(s) failed (4 fitted: " in out and "), for 2 reason(s):" in out, out
+    assert "\n  1 dataset (c_nan): missing (NaN) values in column 'y'" in out, out
+    assert "\n  1 dataset (c_nocol): column 'y' is missing; available columns: 'group', 'x', 'outcome'\n" in out, out
     assert sorted(p.stem for p in (results / "fits").glob("*.nc")) == good
     failures = pd.read_csv(results / "failures.csv")
     assert list(failures.columns[:5]) == ["dataset", "path", "stage", "error_type", "message"]
@@ -71,17 +73,17 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert "column 'y' is missing" in failures.loc["c_nocol", "message"]
     assert "'outcome'" in failures.loc["c_nocol", "message"]
     summary = pd.read_csv(results / "summary.csv")
-    status = summary.groupby("dataset")["status"].agg(set).to_dict()
-    assert status["c_nan"] == {"failed"} and status["c_nocol"] == {"failed"}
-    assert all(status[d] <= {"ok", "warning"} for d in good)
+    status = pd.read_csv(results / "datasets.csv").set_index("dataset")["status"].to_dict()
+    assert status["c_nan"] == "failed" and status["c_nocol"] == "failed"
+    assert all(status[d] in {"ok", "warning"} for d in good)
     assert set(summary.loc[summary["dataset"] == "d_000", "parameter"]) >= {"mu_a", "b", "sigma"}
     with xr.open_datatree(results / "posteriors.nc", engine="h5netcdf") as tree:
         assert sorted(tree["posterior"]["dataset"].values) == good
-    assert not (results / "status.ok").exists()
+    assert not (results / "status.txt").exists()  # reported, so that the next run checks again
     fitted = mtimes(results / "fits")
 
     # Run 2: fix c_nan; it is fitted, c_nocol fails again, no good dataset is touched. On one
-    # core, so the jobs after collect run one at a time: the report's still come before status fails.
+    # core, so the jobs after collect run one at a time: the report's are written all the same.
     table(2, 40, 4).to_csv(data / "c_nan.csv", index=False)
     forest = sorted((results / "plots" / "forest").glob("*.png"))
     report_files = [results / "plots" / "health.png", *forest,
@@ -91,7 +93,7 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
         path.unlink()
     run, new = rerun(tmp_path, config, cores=1)
     assert run.returncode != 0
-    assert "batchfit: 1 dataset(s) failed (c_nocol)" in output_of(run)
+    assert "batchfit: 1 of 6 dataset(s) failed" in output_of(run) and "1 dataset (c_nocol)" in output_of(run)
     assert all(path.is_file() for path in report_files), output_of(run)
     assert [sorted(m["datasets"]) for m in new.values()] == [["c_nan", "c_nocol"]]
     statuses = {d: o["status"] for m in new.values() for d, o in m["datasets"].items()}
@@ -111,7 +113,7 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert not any(d in log for d in ["c_nan", *good]), log
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "c_nocol.nc"} == fitted
     assert pd.read_csv(results / "failures.csv").empty
-    assert (results / "status.ok").exists()
+    assert (results / "status.txt").read_text().startswith("ok: ")
     fitted = mtimes(results / "fits")
 
     # Run 4: a new dataset added to the finished sweep is the only one fitted.
@@ -120,7 +122,7 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
     assert run.returncode == 0, output_of(run)
     assert [list(m["datasets"]) for m in new.values()] == [["d_004"]]
     assert {k: v for k, v in mtimes(results / "fits").items() if k != "d_004.nc"} == fitted
-    assert set(pd.read_csv(results / "summary.csv")["dataset"]) == {"c_nan", "c_nocol", *good, "d_004"}
+    assert set(pd.read_csv(results / "datasets.csv")["dataset"]) == {"c_nan", "c_nocol", *good, "d_004"}
     fitted = mtimes(results / "fits")
 
     # Run 5: a corrected data file of a fitted dataset makes only that dataset pending again.
@@ -141,7 +143,7 @@ def test_failing_datasets_never_sink_the_sweep_and_reruns_fit_only_what_is_pendi
         os.utime(path)
     run = snakemake(tmp_path, config)
     assert run.returncode == 0, output_of(run)
-    assert "rule fit:" not in run.stdout and manifests(results) == before and mtimes(results / "fits") == fitted
+    assert "fit batch-" not in run.stdout and manifests(results) == before and mtimes(results / "fits") == fitted
 
 
 def unreachable(seed: int) -> pd.DataFrame:
@@ -180,10 +182,11 @@ def test_sweep_with_batches_that_all_fail_to_initialise_finishes(tmp_path: Path,
     out = output_of(run)
     assert run.returncode != 0, out
     assert "SIGSEGV" not in out and "died" not in out, out
-    assert "batchfit: 4 dataset(s) failed (a_bad0, a_bad1, a_bad2, a_bad3)" in out, out
+    assert "batchfit: 4 of 5 dataset(s) failed" in out, out
+    assert "  4 datasets (a_bad0, a_bad1, a_bad2, … 1 more): " in out, out  # one line: one reason
     failures = pd.read_csv(tmp_path / "results" / "failures.csv").set_index("dataset")
     assert sorted(failures.index) == [f"a_bad{i}" for i in range(4)]
     assert set(failures["stage"]) == {"sample"}
-    summary = pd.read_csv(tmp_path / "results" / "summary.csv")
-    assert set(summary.loc[summary["status"] != "failed", "dataset"]) == {"b_good"}
+    datasets = pd.read_csv(tmp_path / "results" / "datasets.csv")
+    assert set(datasets.loc[datasets["status"] != "failed", "dataset"]) == {"b_good"}
     assert (tmp_path / "results" / "posteriors.nc").exists()

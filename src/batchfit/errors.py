@@ -47,7 +47,8 @@ class DatasetError(BatchfitError):
         self.dataset = dataset
         self.path = path
         self.column = column
-        self.reason = (f"column '{column}': " if column is not None else "") + message
+        named = column is None or f"column '{column}'" in message  # most messages name their column
+        self.reason = message if named else f"column '{column}': {message}"
 
 
 class ModelContractError(BatchfitError):
