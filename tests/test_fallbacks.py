@@ -88,7 +88,7 @@ def test_a_sampler_failure_on_the_cached_path_falls_back_and_is_counted(two_data
         assert tree.attrs["sampler_path"] == "nutpie" and "made to fail" in tree.attrs["fallback"]
     report = collect(two_datasets, ["d0", "d1"])
     assert list(report.fallbacks.values()) == [["d1"]] and "1 not on batchfit's cached path" in report.one_line()
-    summary = pd.read_csv(two_datasets.layout.summary, keep_default_na=False)
-    assert set(summary.loc[summary["dataset"] == "d1", "fallback"]) == {outcomes["d1"].fallback}
-    assert set(summary.loc[summary["dataset"] == "d0", "fallback"]) == {""}
+    datasets = pd.read_csv(two_datasets.layout.datasets_csv, keep_default_na=False).set_index("dataset")
+    assert datasets.loc["d1", "fallback"] == outcomes["d1"].fallback and datasets.loc["d1", "sampler_path"] == "nutpie"
+    assert datasets.loc["d0", "fallback"] == ""
     assert any("1 because" in line and "d1" in line for line in sweep_status(two_datasets).lines())
