@@ -38,18 +38,19 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
     config = sweep_with_a_broken_dataset(tmp_path, session_cache)
     first = snakemake(tmp_path, config)
     assert first.returncode != 0
-    assert "batchfit: 1 dataset(s) failed (shop_broken); see results/failures.csv" in first.stderr
+    assert "batchfit: 1 of 5 dataset(s) failed" in first.stderr and "  1 dataset (shop_broken): " in first.stderr
+    assert "results/failures.csv" in first.stderr.splitlines()[-1]
     planned = json.loads((tmp_path / "results" / "plan.json").read_text())["batches"]
     assert sorted(d for members in planned.values() for d in members) == [
         "shop_000", "shop_001", "shop_002", "shop_003", "shop_broken"]
 
-    summary = tmp_path / "results" / "summary.csv"
+    summary = tmp_path / "results" / "datasets.csv"
     summary.unlink()
     job = snakemake(tmp_path, config, "--target-jobs", "collect:", "--allowed-rules", "collect", "--force",
                     cores=1)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "MissingInputException" not in job.stderr
-    status = pd.read_csv(summary).groupby("dataset")["status"].first()
+    status = pd.read_csv(summary).set_index("dataset")["status"]
     assert sorted(status.index) == ["shop_000", "shop_001", "shop_002", "shop_003", "shop_broken"]
     assert status["shop_broken"] == "failed" and "failed" not in set(status.drop("shop_broken"))
 
@@ -57,7 +58,7 @@ def test_a_job_run_after_a_failed_sweep_uses_the_sweeps_plan(tmp_path, session_c
     assert retry.returncode == 0, retry.stderr[-3000:]
     assert re.search(r"^fit\s+1$", retry.stdout, re.MULTILINE), retry.stdout  # one fit job: the failed dataset
     again = snakemake(tmp_path, config)
-    assert "batchfit: 1 dataset(s) failed (shop_broken)" in again.stderr
+    assert "batchfit: 1 of 5 dataset(s) failed" in again.stderr and "  1 dataset (shop_broken): " in again.stderr
     batches = manifests(tmp_path / "results").values()
     assert sorted(list(m["datasets"]) for m in batches)[-1] == ["shop_broken"]
     assert sum(list(m["datasets"]) == ["shop_broken"] for m in batches) == 2

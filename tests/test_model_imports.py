@@ -298,9 +298,9 @@ def test_a_project_whose_model_imports_modules_beside_it_checks_sweeps_and_calib
 
     assert "check: ok" in run([str(BIN / "batchfit"), "check", "--config", "config.yaml"], root)
     run([str(BIN / "snakemake"), "--cores", "2"], root)
-    summary = pd.read_csv(root / "results" / "summary.csv")
-    assert sorted(summary["dataset"].unique()) == ["dataset_000", "dataset_001", "dataset_002"]
-    assert "failed" not in set(summary["status"])
+    datasets = pd.read_csv(root / "results" / "datasets.csv")
+    assert sorted(datasets["dataset"]) == ["dataset_000", "dataset_001", "dataset_002"]
+    assert "failed" not in set(datasets["status"])
     [log] = (root / "results" / "logs" / "fit").glob("*.log")
     assert "fitting 2 datasets at once: this process and 1 helper process" in log.read_text()  # two lanes
     imports = {name: sha256(root / f"{name}.py") for name in ("helpers", "noise")}

@@ -34,10 +34,10 @@ def test_snakemake_sweep_writes_every_output_and_refits_only_new_datasets(tmp_pa
         assert set(combined["posterior"]["dataset"].values) == set(ids)
     summary = pd.read_csv(results / "summary.csv")
     assert set(summary["dataset"]) == set(ids)
-    assert {"mean", "sd", "hdi89_lb", "hdi89_ub", "mcse_mean", "r_hat", "ess_bulk", "ess_tail", "divergences",
-            "status"} <= set(summary)
+    assert {"mean", "sd", "eti89_lb", "eti89_ub", "mcse_mean", "r_hat", "ess_bulk", "ess_tail"} <= set(summary)
+    assert set(pd.read_csv(results / "datasets.csv")["status"]) <= {"ok", "warning"}
     assert pd.read_csv(results / "failures.csv").empty
-    assert (results / "status.ok").exists()
+    assert (results / "status.txt").read_text().startswith("ok: ")
     logs = sorted((results / "logs" / "fit").glob("*.log"))
     assert len(logs) == 2  # 3 datasets in batches of 2
     assert all("cache hit" in log.read_text() for log in logs)
