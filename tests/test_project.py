@@ -171,25 +171,27 @@ def project(tmp_path_factory: pytest.TempPathFactory, hierarchical_entry: Path) 
         f.write(f"sampler: {{draws: 150, tune: 150, chains: 2}}\nbatch_size: 2\ncache_dir: {hierarchical_entry}\n")
     with open(root / "Snakefile", "a") as f:  # a rule of the user's own, on batchfit's output
         f.write(USER_RULE)
-    # --keep-going: the user's rule runs although the failed dataset fails the status rule.
+    # --keep-going: the user's rule runs whatever else fails.
     run = subprocess.run([str(BIN / "snakemake"), "--cores", "2", "--keep-going", "all", "summary_lines"], cwd=root,
                          capture_output=True, text=True, timeout=900)
-    # The status rule fails the run for the failed dataset, after collect wrote its outputs.
+    # The failed dataset makes the run exit 1 (the project's onsuccess, batchfit.end_run), batchfit's lines last.
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-3000:]
-    assert f"1 dataset(s) failed ({BAD})" in run.stderr
+    assert f"  1 dataset ({BAD}): " in run.stderr and "Error in rule" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.rstrip().splitlines()[-1].startswith("batchfit: each failure"), run.stderr[-3000:]
     return root
 
 
 @pytest.mark.slow
 def test_snakemake_in_the_project_folder_fits_every_dataset(project):
     summary = pd.read_csv(project / "results" / "summary.csv")
-    fitted = summary[summary["status"] != "failed"]
+    datasets = pd.read_csv(project / "results" / "datasets.csv")
+    fitted = summary[summary["dataset"].isin(datasets.loc[datasets["status"] != "failed", "dataset"])]
     assert sorted(fitted["dataset"].unique()) == IDS
     for d in IDS:  # a row per parameter of the model, for every dataset
         assert {"mu_a", "sigma_a", "b", "sigma"} <= set(fitted.loc[fitted["dataset"] == d, "parameter"])
         with xr.open_datatree(project / "results" / "fits" / f"{d}.nc") as fit:
             assert fit["posterior"].sizes["draw"] == 150 and fit["posterior"].sizes["chain"] == 2
-    assert list(summary.loc[summary["status"] == "failed", "dataset"]) == [BAD]
+    assert list(datasets.loc[datasets["status"] == "failed", "dataset"]) == [BAD]
     assert list(pd.read_csv(project / "results" / "failures.csv")["dataset"]) == [BAD]
     assert not (project / "results" / "fits" / f"{BAD}.nc").exists()
     lines = (project / "results" / "summary.csv").read_text().count("\n")
@@ -210,12 +212,12 @@ def status(project: Path, *args: str, config: str = "config.yaml") -> str:
 
 @pytest.mark.slow
 def test_status_counts_what_collect_reported(project):
-    summary = pd.read_csv(project / "results" / "summary.csv")
-    fitted = summary.loc[summary["status"] != "failed", "dataset"].nunique()
+    datasets = pd.read_csv(project / "results" / "datasets.csv")
+    fitted = int((datasets["status"] != "failed").sum())
     failed = pd.read_csv(project / "results" / "failures.csv")["dataset"].nunique()
     out = status(project)
     assert f"{fitted + failed} dataset(s): {fitted} fitted, 0 pending, {failed} failed" in out
-    assert f"failed: {BAD}" in out
+    assert f"failed:\n  1 dataset ({BAD}): at " in out
     assert "time left: none, nothing is pending" in out
 
 
@@ -244,10 +246,9 @@ def test_status_of_a_sweep_with_new_and_changed_datasets_reads_only(project, tmp
 
 @pytest.mark.slow
 def test_status_of_one_dataset_shows_its_state_and_log_lines(project):
-    summary = pd.read_csv(project / "results" / "summary.csv")
-    health = summary.loc[summary["dataset"] == "dataset_001", "status"].iloc[0]
+    row = pd.read_csv(project / "results" / "datasets.csv").set_index("dataset").loc["dataset_001"]
     out = status(project, "--dataset", "dataset_001")
-    assert out.startswith(f"dataset_001: fitted ({health}")
+    assert out.startswith(f"dataset_001: fitted ({row['status']}; {row['rows']} rows, {row['groups']}")
     log = [line for line in out.splitlines() if line.startswith("  ")]
     assert any(re.search(r"INFO batch-\w+ holds 2 dataset\(s\): dataset_000 dataset_001$", line) for line in log), out
     assert any(re.search(r"INFO dataset_001: ok in [\d.]+ s$", line) for line in log), out
@@ -284,10 +285,10 @@ def test_build_model_gives_the_model_and_data_the_sweep_fitted(project, monkeypa
             containers = data_containers(model)
             for name, container in containers.items():
                 value = container.get_value()
-                np.testing.assert_array_equal(value, data[name])
-                assert value.dtype == data[name].dtype
-                if name in stored:
+                np.testing.assert_array_equal(value, data[name])  # load_dataset: the file as read, not cast
+                if name in stored:  # build_model: cast to the model's dtypes as the fit was
                     np.testing.assert_array_equal(value, stored[name].values)
+                    assert value.dtype == stored[name].dtype, name
             assert {"x", "group"} <= set(containers) & set(stored)  # compared above
             np.testing.assert_array_equal(fit["observed_data"]["y_obs"].values, data["y"])
             assert list(model.coords["groups"]) == list(data.coords["group"])
@@ -295,11 +296,13 @@ def test_build_model_gives_the_model_and_data_the_sweep_fitted(project, monkeypa
 
 
 @pytest.mark.slow
-def test_load_dataset_raises_what_the_fit_recorded(project, monkeypatch):
+def test_build_model_raises_what_the_fit_recorded_and_load_dataset_reads_the_file(project, monkeypatch):
     monkeypatch.chdir(project)
     recorded = json.loads((project / "results" / "failures" / f"{BAD}.json").read_text())
     with pytest.raises(BatchfitError) as raised:
-        batchfit.load_dataset("config.yaml", BAD)
+        batchfit.build_model("config.yaml", BAD)
     assert str(raised.value) == recorded["message"]
+    data = batchfit.load_dataset("config.yaml", BAD)  # builds no model, so checks nothing the model needs
+    assert list(data["y"].astype(str)) == list(pd.read_csv(project / "data" / f"{BAD}.csv")["y"].astype(str))
     with pytest.raises(BatchfitError, match="no dataset 'nope'"):
         batchfit.load_dataset("config.yaml", "nope")

@@ -1,7 +1,7 @@
 """Notebook entry points: one dataset of a sweep, and its model, exactly as a fit job builds them.
 
     import batchfit, pymc as pm
-    data = batchfit.load_dataset("config.yaml", "store_003")   # what build_model(data) receives
+    data = batchfit.load_dataset("config.yaml", "store_003")   # the file as a fit job reads it; builds no model
     model = batchfit.build_model("config.yaml", "store_003")   # the model the sweep fits
     idata = pm.sample(model=model, nuts_sampler="nutpie")
 
