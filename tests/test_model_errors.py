@@ -159,3 +159,38 @@ def test_debug_runs_one_dataset_as_a_fit_job_and_samples_a_short_chain(
     assert "sampled 1 chain of 50 draws after 50 tuning steps" in out and "debug: ok" in out
     assert "mu_a: mean" in out and not (tmp_path / "results").exists()
 
+
+
+SIMULATE_MODEL = '''import numpy as np
+import pandas as pd
+
+
+def simulate(rng, index):
+    sizes = [5, 4, 3]
+    return pd.DataFrame({"y": rng.normal(size=sizes[index])})
+
+
+def build_model(data):
+    raise NotImplementedError
+'''
+
+
+def test_simulate_that_raises_shows_the_models_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`batchfit simulate`'s third call raises in the model's simulate: the message names its line, and the
+    command prints the model's own frame, as the user's own call of simulate shows it."""
+    (tmp_path / "model.py").write_text(SIMULATE_MODEL)
+    spec = importlib.util.spec_from_file_location("simulate_model_45", tmp_path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(IndexError) as own:
+        module.simulate(np.random.default_rng(0), 3)
+    [frame] = [f for f in traceback.extract_tb(own.value.__traceback__) if f.filename == str(tmp_path / "model.py")]
+
+    out = tmp_path / "out"
+    assert cli.main(["simulate", "--model", str(tmp_path / "model.py"), "--n", "4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"simulate(rng, 3) of model file {tmp_path / 'model.py'} failed: IndexError: {own.value} at model.py:" \
+           f"{frame.lineno}" in err, err
+    assert f'File "{frame.filename}", line {frame.lineno}, in simulate\n    {frame.line}' in err, err
+    assert "batchfit/" not in err.replace(str(tmp_path), ""), err
+    assert sorted(p.name for p in out.iterdir()) == ["dataset_000.csv", "dataset_001.csv", "dataset_002.csv"]

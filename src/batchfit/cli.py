@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from batchfit.errors import BatchfitError
+from batchfit.errors import BatchfitError, ModelCodeError
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -128,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except BatchfitError as exc:
-        print(f"batchfit: {exc}", file=sys.stderr)
+        # the model's own frames when its code raised (e.g. `batchfit simulate`)
+        trace = f"\n{exc.user_traceback}" if isinstance(exc, ModelCodeError) else ""
+        print(f"batchfit: {exc}{trace}", file=sys.stderr)
         return 2
 
 
@@ -198,7 +200,6 @@ def _debug(args: argparse.Namespace, config: object) -> int:
     ``--no-pdb``, opens pdb at the model's frame."""
     from pathlib import Path
 
-    from batchfit.errors import ModelCodeError
     from batchfit.sweep.debug import debug_dataset, post_mortem
 
     try:
