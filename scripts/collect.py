@@ -1,4 +1,4 @@
-"""Snakemake rule `collect`: posteriors.nc, summary.csv and failures.csv for the whole sweep."""
+"""Snakemake rule `collect`: posteriors.nc, summary.csv, datasets.csv and failures.csv for the whole sweep."""
 import logging
 
 from batchfit.common.quick_exit import quick_exit

@@ -42,7 +42,8 @@ _HELP = _Help
 _STAGES = (("check", "check datasets and that the model compiles fully with numba; exit 1 on a problem"),
            ("compile", "compile the model into the cache (ahead of the fit jobs)"),
            ("fit", "fit pending (or the named) datasets in batches, in this process"),
-           ("collect", "combine the fits into posteriors.nc, summary.csv, failures.csv; exit 1 if any failed"),
+           ("collect", "combine the fits into posteriors.nc, summary.csv, datasets.csv, failures.csv; "
+                       "exit 1 if any failed"),
            ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
            ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"))
 

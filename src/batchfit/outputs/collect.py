@@ -1,4 +1,4 @@
-"""Combine the per-dataset fits of a sweep into posteriors.nc, summary.csv and failures.csv.
+"""Combine the per-dataset fits of a sweep into posteriors.nc, summary.csv, datasets.csv and failures.csv.
 
 Each dataset has either a fit (``fits/{id}.nc``, an ArviZ DataTree) or a failure record
 (``failures/{id}.json``). Collect handles them one at a time, streaming summary.csv and

@@ -1,4 +1,4 @@
-"""Each fit's rows of summary.csv: ArviZ's statistics of its variables and its health, cached per fit content.
+"""Each fit's rows of summary.csv (ArviZ's statistics of its variables) and of datasets.csv, cached per fit content.
 
 A fit's summary (reading it and ArviZ's diagnostics) depends on that fit alone, so it is cached
 in ``summaries/{id}.json`` under the fit file's sha256 and everything the summary depends on

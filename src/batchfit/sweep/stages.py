@@ -101,7 +101,7 @@ def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads
 
 
 def run_collect(config: Config, *, workers: int = 1) -> Any:
-    """Combine every dataset's fit into posteriors.nc, summary.csv and failures.csv.
+    """Combine every dataset's fit into posteriors.nc, summary.csv, datasets.csv and failures.csv.
 
     Every fit must have the provenance the current config gives (see `collect`): a sweep never
     mixes fits made with other settings, models or data. ``workers``: processes that summarise
