@@ -216,7 +216,8 @@ def test_readme_cluster_command_runs_the_example_through_slurm(slurm, tmp_path):
     summary = pd.read_csv(results / "summary.csv")
     example_ids = sorted(p.stem for p in (REPO / "data" / "example").glob("*.csv"))
     assert sorted(summary["dataset"].unique()) == example_ids
-    assert (results / "posteriors.nc").stat().st_size > 0 and (results / "status.ok").exists()
+    assert (results / "posteriors.nc").stat().st_size > 0
+    assert (results / "status.txt").read_text().startswith("ok: ")
     assert sorted(p.stem for p in (results / "fits").glob("*.nc")) == example_ids
     # Through SLURM: the compile and fit jobs have SLURM logs; collect and status ran here.
     slurm_logs = tmp_path / "project" / ".snakemake" / "slurm_logs"
@@ -234,11 +235,12 @@ def test_a_broken_dataset_fails_the_slurm_sweep_with_one_line_and_keeps_the_rest
     results = project_copy(tmp_path / "project", cache, {"store_broken": table.drop(columns="y")})
     proc = sweep(tmp_path / "project", user_profile(tmp_path))
     assert proc.returncode != 0
-    assert "batchfit: 1 dataset(s) failed (store_broken); see results/example/failures.csv" in proc.stderr
-    summary = pd.read_csv(results / "summary.csv").groupby("dataset")["status"].first()
+    assert "batchfit: 1 of 21 dataset(s) failed" in proc.stderr and "  1 dataset (store_broken): " in proc.stderr
+    assert "results/example/failures.csv" in proc.stderr.rstrip().splitlines()[-1], proc.stderr[-3000:]
+    summary = pd.read_csv(results / "datasets.csv").set_index("dataset")["status"]
     assert len(summary) == 21 and summary["store_broken"] == "failed"
     assert (summary.drop("store_broken") != "failed").all()
     assert pd.read_csv(results / "failures.csv")["dataset"].tolist() == ["store_broken"]
-    assert not (results / "status.ok").exists()
+    assert not (results / "status.txt").exists()  # reported, and removed so that the next run checks again
     assert all("cache hit" in log for log in fit_logs(results))
     assert cache_events(cache).count("miss") == 1

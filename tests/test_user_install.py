@@ -69,11 +69,12 @@ def assert_every_dataset_fitted(user_bin: Path, root: Path, results: Path, ids: 
     assert status.returncode == 0, status.stderr
     assert f"{n} dataset(s): {n} fitted, 0 pending, 0 failed" in status.stdout, status.stdout
     assert "fitted off batchfit's cached path" not in status.stdout, status.stdout  # its count of fallbacks
-    summary = pd.read_csv(results / "summary.csv", keep_default_na=False)
-    assert sorted(summary["dataset"].unique()) == ids
-    assert not (summary["status"] == "failed").any(), summary[summary["status"] == "failed"]
-    per_dataset = summary.groupby("dataset")[["sampler_path", "fallback"]].first()
-    assert set(summary["sampler_path"]) == {"cached"} and set(summary["fallback"]) == {""}, per_dataset
+    datasets = pd.read_csv(results / "datasets.csv", keep_default_na=False)
+    assert sorted(datasets["dataset"]) == ids
+    assert sorted(pd.read_csv(results / "summary.csv")["dataset"].unique()) == ids
+    assert not (datasets["status"] == "failed").any(), datasets[datasets["status"] == "failed"]
+    per_dataset = datasets.set_index("dataset")[["sampler_path", "fallback"]]
+    assert set(datasets["sampler_path"]) == {"cached"} and set(datasets["fallback"]) == {""}, per_dataset
     assert not failed, failed
     # The jobs the sweep ran: one fitted several datasets
     held = sorted(int(n) for log in logs for n in re.findall(r" holds (\d+) dataset\(s\)", log.read_text()))
