@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from testkit import HIERARCHICAL, output_of, sweep_settings, write_config
+from testkit import HIERARCHICAL, REPO, output_of, sweep_settings, write_config
 
 import batchfit
 from batchfit import cli
@@ -194,3 +194,34 @@ def test_simulate_that_raises_shows_the_models_line(tmp_path: Path, capsys: pyte
     assert f'File "{frame.filename}", line {frame.lineno}, in simulate\n    {frame.line}' in err, err
     assert "batchfit/" not in err.replace(str(tmp_path), ""), err
     assert sorted(p.name for p in out.iterdir()) == ["dataset_000.csv", "dataset_001.csv", "dataset_002.csv"]
+
+
+def readme_block(after: str, index: int = 0) -> list[str]:
+    """The lines of the ``index``-th fenced block after the README heading ``after``."""
+    text = (REPO / "README.md").read_text().split(after, 1)[1]
+    return text.split("```")[2 * index + 1].strip("\n").splitlines()
+
+
+def test_the_readmes_debug_loop_is_what_check_and_debug_print(ar_project: Path, capsys: pytest.CaptureFixture) -> None:
+    """README's "When the model fails" shows `batchfit check`'s report and the pdb prompt of `batchfit debug`
+    for a model whose pm.AR line is the one the README quotes: both as batchfit prints them today."""
+    import pymc
+
+    [line] = [li.strip() for li in readme_block("### When the model fails") if li.strip().startswith("pm.AR(")]
+    model = AR_MODEL.replace('        pm.AR("ar", rho=[rho], sigma=1.0, observed=fert, shape=fert.shape)\n',
+                             '        sigma = pm.HalfNormal("sigma", 1.0)\n        ' + line + "\n")
+    assert line in model
+    (ar_project / "model.py").write_text(model)
+    assert cli.main(["check", "--config", "config.yaml"]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    shown = [li.replace("/home/me/my-project", str(ar_project)).replace(".../pymc", str(Path(pymc.__file__).parent))
+             for li in readme_block("### When the model fails")]
+    start = printed.index(shown[0])
+    assert printed[start:start + len(shown)] == shown, "\n".join(printed)
+
+    prompt = [li.replace("/home/me/my-project", str(ar_project)) for li in readme_block("### When the model fails", 1)]
+    command = prompt[2].removeprefix("(Pdb) ")
+    run = subprocess.run([str(Path(sys.executable).with_name("batchfit")), "debug", "--config", "config.yaml", "AFG"],
+                         input=f"{command}\nq\n", capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, output_of(run)
+    assert "\n".join([*prompt[:2], f"(Pdb) {prompt[3]}"]) in run.stdout, output_of(run)
