@@ -9,6 +9,7 @@ model file's frame in the traceback of their own exception.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import traceback
@@ -216,6 +217,8 @@ def test_the_readmes_debug_loop_is_what_check_and_debug_print(ar_project: Path, 
     printed = capsys.readouterr().out.splitlines()
     shown = [li.replace("/home/me/my-project", str(ar_project)).replace(".../pymc", str(Path(pymc.__file__).parent))
              for li in readme_block("### When the model fails")]
+    # PyMC's own line number moves with PyMC's patch releases; the frame's file and function must not.
+    printed, shown = ([re.sub(r'(pymc/.*", line )\d+', r"\1N", li) for li in lines] for lines in (printed, shown))
     start = printed.index(shown[0])
     assert printed[start:start + len(shown)] == shown, "\n".join(printed)
 
