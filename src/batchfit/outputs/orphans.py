@@ -13,6 +13,7 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
+from batchfit.common.grouping import id_list
 from batchfit.layout import ResultsLayout
 
 log = logging.getLogger("batchfit")
@@ -44,7 +45,6 @@ def move_orphans(layout: ResultsLayout, dataset_ids: Collection[str]) -> list[st
             os.replace(path, target)
             moved.add(path.stem)
     if moved:
-        shown = ", ".join(sorted(moved)[:5]) + (", ..." if len(moved) > 5 else "")
-        log.warning("moved the outputs of %d dataset(s) no longer in the sweep (%s) to %s", len(moved), shown,
-                    layout.orphaned)
+        log.warning("moved the outputs of %d dataset(s) no longer in the sweep (%s) to %s", len(moved),
+                    id_list(sorted(moved)), layout.orphaned)
     return sorted(moved)
