@@ -86,6 +86,9 @@ class HealthSettings:
     max_divergences: int
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    min_ess_tail: float = 400.0
+    max_treedepth_fraction: float = 0.0
+    min_bfmi: float = 0.3
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
-"""A fit's health: the thresholds it must meet (r_hat, ESS, divergences) and, if it misses, why in words."""
+"""A fit's health: the thresholds it must meet and, if it misses, why in words.
+
+The thresholds are those of CmdStan's ``diagnose`` (https://mc-stan.org/docs/cmdstan-guide/diagnose_utility.html):
+divergent transitions, draws at the maximum tree depth, E-BFMI per chain, R-hat and ESS (bulk and
+tail). What a fit's sampler recorded (divergences, tree depth, energy) is read by
+`batchfit.outputs.fit_reader.sampler_diagnostics`, R-hat and ESS are its summary's.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -12,8 +18,11 @@ import numpy as np
 log = logging.getLogger("batchfit")
 
 
-HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "status", "message", "structure", "sampler_path",
-                  "fallback"]
+# The per-dataset columns of summary.csv: the diagnostics, scored (`score_health`), then where the fit came from.
+HEALTH_COLUMNS = ["divergences", "max_r_hat", "min_ess_bulk", "min_ess_tail", "max_treedepth_fraction", "min_bfmi",
+                  "status", "message", "structure", "sampler_path", "fallback"]
+# The diagnostics `score_health` returns, in HEALTH_COLUMNS' order.
+DIAGNOSTICS = ("divergences", "max_r_hat", "min_ess_bulk", "min_ess_tail", "max_treedepth_fraction", "min_bfmi")
 
 
 class HealthThresholds(Protocol):
@@ -21,33 +30,49 @@ class HealthThresholds(Protocol):
 
     max_r_hat: float
     min_ess_bulk: float
+    min_ess_tail: float
     max_divergences: int
+    max_treedepth_fraction: float
+    min_bfmi: float
     var_names: tuple[str, ...] | None
     filter_vars: str | None
 
 
 def score_health(
-    r_hat: np.ndarray, ess_bulk: np.ndarray, divergences: int, thresholds: HealthThresholds
+    r_hat: np.ndarray, ess_bulk: np.ndarray, ess_tail: np.ndarray, sampler: Mapping[str, float],
+    thresholds: HealthThresholds,
 ) -> dict[str, Any]:
-    """Dataset-level health from the r_hat and ess_bulk of its scored elements and its divergence count."""
-    max_r_hat = _nan_reduce(np.nanmax, r_hat)
-    min_ess_bulk = _nan_reduce(np.nanmin, ess_bulk)
+    """Dataset-level health from the r_hat, ess_bulk and ess_tail of its scored elements and what its
+    sampler recorded (``sampler``: `batchfit.outputs.fit_reader.sampler_diagnostics`: divergences,
+    max_treedepth_fraction, min_bfmi). A NaN diagnostic (a constant variable; no tree depth or energy,
+    as of pm.sample's step methods without NUTS) crosses no threshold."""
+    divergences = int(sampler["divergences"])
+    values = {"divergences": divergences, "max_r_hat": _nan_reduce(np.nanmax, r_hat),
+              "min_ess_bulk": _nan_reduce(np.nanmin, ess_bulk), "min_ess_tail": _nan_reduce(np.nanmin, ess_tail),
+              "max_treedepth_fraction": float(sampler["max_treedepth_fraction"]),
+              "min_bfmi": float(sampler["min_bfmi"])}
     reasons = []
     if divergences > thresholds.max_divergences:
         reasons.append(f"{divergences} divergences > {number_text(thresholds.max_divergences)}")
-    if max_r_hat > thresholds.max_r_hat:
-        reasons.append(f"max r_hat {shown_against(max_r_hat, thresholds.max_r_hat, 3)} > "
-                       f"{number_text(thresholds.max_r_hat)}")
-    if min_ess_bulk < thresholds.min_ess_bulk:
-        reasons.append(f"min ess_bulk {shown_against(min_ess_bulk, thresholds.min_ess_bulk)} < "
-                       f"{number_text(thresholds.min_ess_bulk)}")
-    return {
-        "divergences": divergences,
-        "max_r_hat": max_r_hat,
-        "min_ess_bulk": min_ess_bulk,
-        "status": "warning" if reasons else "ok",
-        "reasons": reasons,
-    }
+    for name, decimals, crossed in _SCORED:
+        value, threshold = values[name], getattr(thresholds, name)
+        if crossed(value, threshold):
+            sign = ">" if name.startswith("max") else "<"
+            reasons.append(f"{_REASON_NAMES.get(name, name)} {shown_against(value, threshold, decimals)} {sign} "
+                           f"{number_text(threshold)}")
+    return {**values, "status": "warning" if reasons else "ok", "reasons": reasons}
+
+
+# The thresholds after divergences: name (the diagnostic's and its threshold's), decimals shown, crossed.
+_SCORED = (
+    ("max_r_hat", 3, lambda value, threshold: value > threshold),
+    ("min_ess_bulk", 0, lambda value, threshold: value < threshold),
+    ("min_ess_tail", 0, lambda value, threshold: value < threshold),
+    ("max_treedepth_fraction", 3, lambda value, threshold: value > threshold),
+    ("min_bfmi", 2, lambda value, threshold: value < threshold),
+)
+# How a reason names a diagnostic, where not by its own name (the summary's column it is the extreme of).
+_REASON_NAMES = {"max_r_hat": "max r_hat", "min_ess_bulk": "min ess_bulk", "min_ess_tail": "min ess_tail"}
 
 
 def number_text(value: float) -> str:

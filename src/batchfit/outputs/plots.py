@@ -31,10 +31,10 @@ from batchfit.outputs.combined import DATASET_DIM, POSTERIOR, dataset_posterior,
 log = logging.getLogger("batchfit")
 
 STATUSES = ("ok", "warning", "failed")
-# The health thresholds, as named in summary.csv's `message` (see batchfit.outputs.health._health).
-REASONS = ("r_hat", "ess_bulk", "divergences")
-DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "min_ess_bulk", "structure",
-                   "sampler_path"]
+# The health thresholds, as named in summary.csv's `message` (see batchfit.outputs.health.score_health).
+REASONS = ("r_hat", "ess_bulk", "ess_tail", "divergences", "max_treedepth_fraction", "min_bfmi")
+DATASET_COLUMNS = ["dataset", "status", "message", "divergences", "max_r_hat", "min_ess_bulk", "min_ess_tail",
+                   "max_treedepth_fraction", "min_bfmi", "structure", "sampler_path"]
 # summary.csv's text columns, typed when it is read in parts: a part whose datasets have no message
 # would read its message column as float.
 _SUMMARY_TEXT_COLUMNS = ("dataset", "parameter", "status", "message", "structure", "sampler_path")

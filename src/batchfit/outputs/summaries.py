@@ -36,7 +36,7 @@ from batchfit.outputs.combined import (
     plain_attrs,
 )
 from batchfit.outputs.fit_reader import read_fit
-from batchfit.outputs.health import HEALTH_COLUMNS, HealthThresholds, score_health
+from batchfit.outputs.health import DIAGNOSTICS, HEALTH_COLUMNS, HealthThresholds, score_health
 from batchfit.outputs.summary_helpers import SummaryHelpers, helpers_for, started
 
 log = logging.getLogger("batchfit")
@@ -55,7 +55,7 @@ ROW_COLUMNS = ["dataset", "parameter"]
 
 
 class SummaryCache:
-    """Each fit's summary table, divergences, selected variables, layout and attributes, cached as JSON.
+    """Each fit's summary table, sampler diagnostics, selected variables, layout and attributes, cached as JSON.
 
     An entry is valid for exactly one fit file content and one `summary_key`; anything else is
     recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
@@ -170,12 +170,12 @@ class SummaryCache:
 
     def _compute(self, dataset_id: str, path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The fit's entry (without key and digest) and the draws of its summarised variables."""
-        posterior, divergences = read_fit(dataset_id, path)
+        posterior, sampler = read_fit(dataset_id, path)
         summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
         scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
         table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
         columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
-        entry = {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+        entry = {"dataset": dataset_id, **sampler, "summarised": summarised, "scored": scored,
                  "table": columns, "layout": fit_layout(posterior[summarised]),
                  "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
         return entry, {name: posterior[name].values for name in summarised}
@@ -286,7 +286,7 @@ def _summary_rows(
     """
     table, attrs = entry["table"], entry["attrs"]
     per_dataset = {
-        "dataset": dataset_id, **{key: health[key] for key in ("divergences", "max_r_hat", "min_ess_bulk", "status")},
+        "dataset": dataset_id, **{key: health[key] for key in (*DIAGNOSTICS, "status")},
         "message": "; ".join(health["reasons"]), "structure": str(attrs.get("structure", ""))[:12],
         "sampler_path": str(attrs.get("sampler_path", "")), "fallback": str(attrs.get("fallback", "")),
     }
@@ -310,14 +310,15 @@ def _cell(value: Any) -> str:
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
-    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons.
+    """Health of one written fit: its diagnostics (`batchfit.outputs.health.DIAGNOSTICS`), status, reasons.
 
     `status` is "warning" if any threshold is crossed, else "ok"; `reasons` says which, in
     words, for log lines. NaN diagnostics (e.g. a constant variable) are ignored.
     """
     fit_path = Path(fit_path)
     dataset_id = fit_path.stem
-    posterior, divergences = read_fit(dataset_id, fit_path)
+    posterior, sampler = read_fit(dataset_id, fit_path)
     scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
     table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
-    return score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences, thresholds)
+    return score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float),
+                        table["ess_tail"].to_numpy(float), sampler, thresholds)
