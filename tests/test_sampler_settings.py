@@ -253,11 +253,14 @@ def test_initvals_and_jitter_give_the_initial_point_nutpies_compile_gives(tmp_pa
 
 
 def test_max_treedepth_3_saturates_a_funnel(tmp_path, session_cache):
-    """At most 2^3 leapfrog steps: most draws of the funnel reach the maximum depth, few do at the default 10."""
+    """At most 2^3 leapfrog steps: most draws of the funnel reach the maximum depth, few do at the default 10;
+    health's max_treedepth_fraction is that share, and names it as the reason of the warning."""
+    from batchfit.outputs.summaries import dataset_health
+
     frames = {"f": pd.DataFrame({"scale": [1.0]})}
     shallow = sweep(tmp_path / "shallow", FUNNEL, frames, session_cache, {"max_treedepth": 3})
     deep = sweep(tmp_path / "deep", FUNNEL, frames, session_cache, {})
-    reached = {}
+    reached, health = {}, {}
     for name, config in (("shallow", shallow), ("deep", deep)):
         [outcome] = fit(config, ["f"])
         assert outcome.status == "ok", outcome
@@ -265,7 +268,12 @@ def test_max_treedepth_3_saturates_a_funnel(tmp_path, session_cache):
         reached[name] = float(stats["maxdepth_reached"].mean())
         assert int(stats["depth"].max()) <= config.sampler.max_treedepth
         assert int(stats["n_steps"].max()) <= 2 ** config.sampler.max_treedepth
+        health[name] = dataset_health(config.layout.fit("f"), config.health)
+        assert health[name]["max_treedepth_fraction"] == pytest.approx(reached[name], rel=1e-12)
     assert reached["shallow"] > 0.5 and reached["deep"] < reached["shallow"] / 2, reached
+    assert health["shallow"]["status"] == "warning"
+    assert any(reason.startswith("max_treedepth_fraction ") and reason.endswith(" > 0")
+               for reason in health["shallow"]["reasons"]), health["shallow"]["reasons"]
 
 
 # --- pm.sample's own step methods -----------------------------------------------------------------------------------
@@ -296,6 +304,11 @@ def test_pm_sample_gets_step_initvals_max_treedepth_and_keeps_the_warmup(tmp_pat
             if name not in timings:
                 np.testing.assert_array_equal(ours[group][name].values, values.values, err_msg=f"{group}/{name}")
     assert int(ours["sample_stats"]["tree_depth"].max()) <= 4
+    # the fit records the settings as pm.sample does: its own attributes (the warm-up's length among them)
+    for name in ("inference_library", "inference_library_version", "tuning_steps"):
+        assert ours["sample_stats"].attrs[name] == theirs["sample_stats"].attrs[name], name
+    assert int(ours["sample_stats"].attrs["tuning_steps"]) == SAMPLER["tune"]
+    assert json.loads(ours.attrs["sampler"]) == config.sampler_dict()
 
 
 # --- settings a path cannot honour ----------------------------------------------------------------------------------
