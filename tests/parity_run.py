@@ -22,6 +22,20 @@ from typing import Any
 import numpy as np
 
 SIDES = ("batchfit", "reference")
+# The sampler settings' families each model is also fitted under, on batchfit's side after its default fit
+# (the compile is then a cache hit): none may change the posterior (test_parity compares each with
+# pm.sample's, whose nutpie adapts a diagonal mass matrix). Results under ROOT/NAME/batchfit-FAMILY/.
+SETTING_FAMILIES: dict[str, dict[str, Any]] = {
+    "adaptation-low-rank": {"adaptation": "low_rank"},
+    "adaptation-draw-diag": {"adaptation": "draw_diag", "mass_matrix_switch_freq": 40, "early_window_switch_freq": 5},
+    # Not unjittered starts (jitter_rvs: []): nutpie refuses a start where an element of the gradient is
+    # exactly 0, as at coords-text-labels' own initial point (mu_a's, every group intercept at mu_a), and
+    # nutpie's compile_pymc_model(jitter_rvs=set()) fails there alike. That initvals and jitter_rvs reach
+    # nutpie is tests/test_sampler_settings.py's.
+    "nuts": {"max_treedepth": 12, "target_accept": 0.9},
+    "kept-warmup-and-stats": {"discard_tuned_samples": False, "store_divergences": True, "store_unconstrained": True,
+                              "store_gradient": True, "store_mass_matrix": True},
+}
 
 
 class TableData:
@@ -82,16 +96,23 @@ def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
     return backend
 
 
-def fit_batchfit(directory: Path) -> None:
-    """What ``batchfit fit --config`` does for the case; a failed dataset raises its recorded message.
+def fit_batchfit(directory: Path, family: str | None = None) -> None:
+    """What ``batchfit fit --config`` does for the case (with the settings of ``family`` added to its
+    sampler's, into ``batchfit-FAMILY``); a failed dataset raises its recorded message.
 
     The fit stage alone, as the CLI's ``fit`` runs it (it compiles on a cache miss): the compile
     stage's extra nopython check would compile every model twice.
     """
-    from batchfit.config import load_config
+    import yaml
+
+    from batchfit.config import config_from_dict
     from batchfit.sweep import stages as pipeline
 
-    config = load_config(directory / "config.yaml")
+    settings = yaml.safe_load((directory / "config.yaml").read_text())
+    if family is not None:
+        settings["sampler"] = {**settings["sampler"], **SETTING_FAMILIES[family]}
+        settings["results_dir"] = str(directory / f"batchfit-{family}")
+    config = config_from_dict(settings, source=str(directory / "config.yaml"))
     pipeline.run_fit(config, threads=2)
     failures = list(config.layout.failures.glob("*.json"))
     if failures:
@@ -118,20 +139,25 @@ def main(side: str, root: Path, names: list[str]) -> None:
     for name in names:
         directory = root / name
         (directory / f"{side}.started").touch()
-        start, cpu_start = time.perf_counter(), _cpu_seconds()
-        try:
-            if side == "reference":
-                backend = fit_reference(directory, yaml.safe_load((directory / "config.yaml").read_text())["sampler"])
-            else:
-                fit_batchfit(directory)
-                backend = "numba"
-            result = {"status": "ok", "message": "", "backend": backend}
-        except Exception as exc:  # noqa: BLE001 - every failure is a result to report, not a reason to stop
-            result = {"status": "failed", "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
-        result["seconds"] = round(time.perf_counter() - start, 2)
-        result["cpu_seconds"] = round(_cpu_seconds() - cpu_start, 2)
-        (directory / f"{side}.json").write_text(json.dumps(result))
-        print(name, result, flush=True)
+        # batchfit's side: the default settings first (the driver's record of the model), then each family
+        runs = [(side, None)] + ([(f"{side}-{family}", family) for family in SETTING_FAMILIES]
+                                 if side == "batchfit" else [])
+        for label, family in runs:
+            start, cpu_start = time.perf_counter(), _cpu_seconds()
+            try:
+                if side == "reference":
+                    sampler = yaml.safe_load((directory / "config.yaml").read_text())["sampler"]
+                    backend = fit_reference(directory, sampler)
+                else:
+                    fit_batchfit(directory, family)
+                    backend = "numba"
+                result = {"status": "ok", "message": "", "backend": backend}
+            except Exception as exc:  # noqa: BLE001 - every failure is a result to report, not a reason to stop
+                result = {"status": "failed", "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+            result["seconds"] = round(time.perf_counter() - start, 2)
+            result["cpu_seconds"] = round(_cpu_seconds() - cpu_start, 2)
+            (directory / f"{label}.json").write_text(json.dumps(result))
+            print(name, label, result, flush=True)
 
 
 if __name__ == "__main__":

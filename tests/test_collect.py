@@ -38,6 +38,9 @@ class Health:
     max_divergences: int = 0
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    min_ess_tail: float = 20.0
+    max_treedepth_fraction: float = 0.0
+    min_bfmi: float = 0.3
     min_rows: int | None = None
 
 
@@ -48,8 +51,9 @@ def sweep_config(results_dir: Path) -> Config:
         "model": "model.py",
         "datasets": ["*.csv"],
         "results_dir": str(results_dir),
-        "health": {"max_r_hat": health.max_r_hat, "min_ess_bulk": health.min_ess_bulk,
-                   "max_divergences": health.max_divergences},
+        "health": {name: getattr(health, name) for name in ("max_r_hat", "min_ess_bulk", "min_ess_tail",
+                                                               "max_divergences", "max_treedepth_fraction",
+                                                               "min_bfmi")},
     })
 
 
@@ -245,6 +249,7 @@ def test_datasets_csv_has_a_row_per_dataset_with_its_health(sweep: Config) -> No
     store_02 = summary[summary["dataset"] == "store_02"]  # every variable of these fits is a free parameter
     assert datasets.loc["store_02", "max_r_hat"] == pytest.approx(store_02["r_hat"].max())
     assert datasets.loc["store_02", "min_ess_bulk"] == pytest.approx(store_02["ess_bulk"].min())
+    assert datasets.loc["store_02", "min_ess_tail"] == pytest.approx(store_02["ess_tail"].min())
     assert datasets.loc["store_02", "max_r_hat"] <= Health().max_r_hat  # warned for divergences only
     assert datasets.loc["store_02", "message"] == f"4 divergences > {Health().max_divergences}"
     assert datasets.loc["store_03", "max_r_hat"] > 1.5
@@ -319,7 +324,7 @@ def test_unreadable_fit_names_dataset_and_file(sweep: Config) -> None:
 def test_collect_fits_explicit_arguments(sweep: Config, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"
     report = collect_fits(["store_03"], fits=sweep.layout, out=ResultsLayout(out),
-                          thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0))
+                          thresholds=Health(max_r_hat=100.0, min_ess_bulk=1.0, min_ess_tail=1.0))
     assert (report.n_ok, report.n_warning, report.n_failed) == (1, 0, 0)
     assert {p.name for p in out.iterdir()} == {"posteriors.nc", "summary.csv", "datasets.csv", "failures.csv",
                                                "summaries"}
@@ -358,11 +363,35 @@ def test_dataset_health(sweep: Config) -> None:
 def test_a_health_reason_shows_why_the_value_crossed() -> None:
     from batchfit.outputs.health import score_health
 
-    thresholds = Health(max_r_hat=1.01, min_ess_bulk=400)
-    health = score_health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), 3, thresholds)
-    assert health["reasons"] == ["3 divergences > 0", "max r_hat 1.0104 > 1.01", "min ess_bulk 399.6 < 400"]
-    health = score_health(np.array([1.05]), np.array([12.4]), 0, Health(max_r_hat=1.01, min_ess_bulk=400))
+    thresholds = Health(max_r_hat=1.01, min_ess_bulk=400, min_ess_tail=400)
+    sampler = {"divergences": 3, "max_treedepth_fraction": 0.0, "min_bfmi": 0.8}
+    health = score_health(np.array([1.0104, 1.002]), np.array([399.6, 1200.0]), np.array([500.0, 399.96]), sampler,
+                          thresholds)
+    assert health["reasons"] == ["3 divergences > 0", "max r_hat 1.0104 > 1.01", "min ess_bulk 399.6 < 400",
+                                 "min ess_tail 399.96 < 400"]
+    health = score_health(np.array([1.05]), np.array([12.4]), np.array([410.0]), {**sampler, "divergences": 0},
+                          Health(max_r_hat=1.01, min_ess_bulk=400, min_ess_tail=400))
     assert health["reasons"] == ["max r_hat 1.050 > 1.01", "min ess_bulk 12 < 400"]  # as short as before
+
+
+def test_tree_depth_and_bfmi_are_scored_and_named_and_nan_crosses_nothing() -> None:
+    from batchfit.outputs.health import DIAGNOSTICS, score_health
+
+    good = (np.array([1.0]), np.array([900.0]), np.array([900.0]))
+    thresholds = Health(max_treedepth_fraction=0.0, min_bfmi=0.3)
+    health = score_health(*good, {"divergences": 0, "max_treedepth_fraction": 0.00025, "min_bfmi": 0.2999},
+                          thresholds)
+    assert health["status"] == "warning"
+    assert health["reasons"] == ["max_treedepth_fraction 0.0003 > 0", "min_bfmi 0.2999 < 0.3"]
+    assert (health["max_treedepth_fraction"], health["min_bfmi"]) == (0.00025, 0.2999)
+    assert list(health) == [*DIAGNOSTICS, "status", "reasons"]
+    at = score_health(*good, {"divergences": 0, "max_treedepth_fraction": 0.1, "min_bfmi": 0.3},
+                      Health(max_treedepth_fraction=0.1, min_bfmi=0.3))
+    assert at["status"] == "ok"  # at the threshold is not past it
+    # no tree depth or energy recorded (pm.sample's step methods without NUTS), no diagnostics at all
+    none = score_health(*(np.array([np.nan]),) * 3, {"divergences": 0, "max_treedepth_fraction": np.nan,
+                                                     "min_bfmi": np.nan}, thresholds)
+    assert none["status"] == "ok" and none["reasons"] == []
 
 
 @st.composite

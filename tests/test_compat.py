@@ -111,18 +111,31 @@ def test_int32_labels_sample_through_nutpies_own_compile_once_converted():
     assert trace.posterior["site"].values.tolist() == [0, 1, 2]
 
 
-def test_nutpie_trace_is_the_datatree_nutpie_returns():
+# nutpie.sample's settings whose DataTree differs: the warm-up kept as groups of their own, the optional
+# stats (over the flat unconstrained vector, and the divergences' text), the unconstrained draws as a
+# group, the low-rank adaptation's own stats
+TRACE_SETTINGS = {
+    "default": {"save_warmup": False},
+    "warmup-and-optional-stats": {"save_warmup": True, "store_unconstrained": True, "store_gradient": True,
+                                  "store_divergences": True, "store_mass_matrix": True, "maxdepth": 3},
+    "low-rank": {"save_warmup": False, "adaptation": "low_rank", "store_mass_matrix": True},
+}
+
+
+@pytest.mark.parametrize("options", TRACE_SETTINGS.values(), ids=TRACE_SETTINGS)
+def test_nutpie_trace_is_the_datatree_nutpie_returns(options):
     """`compat.nutpie_trace` against nutpie's own conversion of the same sample (same seed: nutpie's
-    draws depend only on it): every value, dim, coordinate, kept stat and attribute but the time.
+    draws depend only on it): every group, value, dim, coordinate, kept stat and attribute but the time.
 
     The model has what the conversion treats differently: labelled and unlabelled dims, a
-    matrix, a transformed variable (its unconstrained value is dropped), a deterministic.
+    matrix, a transformed variable (its unconstrained value is dropped, or kept as a group of its
+    own), a deterministic.
     """
     import nutpie
     import pymc as pm
     import xarray as xr
 
-    from batchfit.compat.nutpie import nutpie_trace
+    from batchfit.compat.nutpie import UNCONSTRAINED_PARAMETER, nutpie_trace, unconstrained_parameter_names
 
     with pm.Model(coords={"group": ["a", "b", "c"], "year": [2001, 2002]}) as model:
         mu = pm.Normal("mu", 0.0, 1.0, dims="group")
@@ -131,17 +144,17 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
         matrix = pm.Normal("matrix", mu[:, None], scale, dims=("group", "year"))
         pm.Deterministic("total", matrix.sum() + free.sum())
     compiled = nutpie.compile_pymc_model(model)
-    settings = {"draws": 150, "tune": 150, "chains": 2, "cores": 2, "seed": 11, "progress_bar": False,
-                "save_warmup": False}
+    settings = {"draws": 150, "tune": 150, "chains": 2, "cores": 2, "seed": 11, "progress_bar": False, **options}
     theirs = nutpie.sample(compiled, **settings)
     sampler = nutpie.sample(compiled, blocking=False, return_raw_trace=True, **settings)
-    assert hasattr(sampler, "_settings"), "nutpie's _BackgroundSampler._settings is gone"
+    for private in ("_settings", "_save_warmup", "_store_unconstrained"):
+        assert hasattr(sampler, private), f"nutpie's _BackgroundSampler.{private} is gone"
     assert callable(getattr(sys.modules["nutpie.sample"], "_add_arrow_data", None)), \
         "nutpie.sample._add_arrow_data is gone"
     ours = nutpie_trace(sampler, sampler.wait(), compiled)
 
-    assert set(ours.children) == {"posterior", "sample_stats"} <= set(theirs.children)
-    for group in ("posterior", "sample_stats"):
+    assert list(ours.children) == list(theirs.children)
+    for group in ours.children:
         mine, reference = ours[group].to_dataset(), theirs[group].to_dataset()
         xr.testing.assert_identical(mine.drop_attrs(), reference.drop_attrs())
         assert list(mine.data_vars) == list(reference.data_vars), group
@@ -150,6 +163,8 @@ def test_nutpie_trace_is_the_datatree_nutpie_returns():
         assert {k: v for k, v in mine.attrs.items() if k != "created_at"} == \
                {k: v for k, v in reference.attrs.items() if k != "created_at"}, group
     assert ours["posterior"].ds["free"].dims == ("chain", "draw", "free_dim_0")
+    # batchfit's sampler models have no labels for the unconstrained vector: nutpie_trace gives nutpie's
+    assert unconstrained_parameter_names(compiled).equals(compiled.coords[UNCONSTRAINED_PARAMETER])
 
 
 def test_nutpie_imports_without_loading_arviz_until_an_arviz_name_is_used():

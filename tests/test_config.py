@@ -31,7 +31,12 @@ MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}
 FULL = {
     "model": "models/m.py",
     "datasets": ["data/*.csv", "more/a.parquet"],
-    "sampler": {"draws": 200, "tune": 300, "chains": 2, "target_accept": 0.9, "seed": 7},
+    "sampler": {"draws": 200, "tune": 300, "chains": 2, "target_accept": 0.9, "seed": 7, "max_treedepth": 8,
+                "adaptation": "low_rank", "mass_matrix_eigval_cutoff": 10.0, "mass_matrix_gamma": 0.001,
+                "mass_matrix_switch_freq": 50, "early_window_switch_freq": 5, "store_divergences": True,
+                "store_unconstrained": True, "store_gradient": True, "store_mass_matrix": True,
+                "initvals": {"mu": 0.5, "sigma_log__": [0.0, 1.0], "a": "prior"}, "jitter_rvs": ["mu"],
+                "discard_tuned_samples": False, "step": {"k": "metropolis"}},
     "batch_size": 3,
     "cache_dir": "cache",
     "results_dir": "out",
@@ -154,6 +159,11 @@ def test_wrong_type_names_key_source_and_value() -> None:
         ("health.max_r_hat", 1.0, "> 1"),
         ("health.min_ess_bulk", -1, ">= 0"),
         ("health.max_divergences", -1, ">= 0"),
+        ("sampler.max_treedepth", 0, ">= 1"),
+        ("sampler.mass_matrix_eigval_cutoff", 1, "> 1"),
+        ("sampler.mass_matrix_gamma", 0, "> 0"),
+        ("sampler.mass_matrix_switch_freq", 0, ">= 1"),
+        ("sampler.early_window_switch_freq", 0, ">= 1"),
     ],
 )
 def test_out_of_range_values_are_rejected(key: str, value: object, expected: str) -> None:
@@ -175,6 +185,14 @@ def test_out_of_range_values_are_rejected(key: str, value: object, expected: str
         ("model", 3, "must be a string"),
         ("on_error", "ignore", "must be one of 'continue', 'stop', got 'ignore'"),
         ("model", "", "must not be empty"),
+        ("sampler.adaptation", "flow", "must be one of 'diag', 'draw_diag', 'low_rank', got 'flow'"),
+        ("sampler.store_gradient", "yes", "must be true or false"),
+        ("sampler.discard_tuned_samples", 0, "must be true or false"),
+        ("sampler.initvals", [1.0], "must be a mapping"),
+        ("sampler.initvals.mu", "mean", "must be a number or a list or 'support_point' or 'prior', got 'mean'"),
+        ("sampler.jitter_rvs", "mu", "must be a list or null"),
+        ("sampler.jitter_rvs", ["mu", "mu"], "non-unique"),
+        ("sampler.step.z", "gibbs", "must be one of 'nuts', 'hmc', 'metropolis'"),
     ],
 )
 def test_wrong_types_and_values_are_explained(key: str, value: object, fragment: str) -> None:
@@ -205,6 +223,45 @@ def test_unknown_key_suggests_the_closest_allowed_key(key: str, suggestion: str)
     name = key.rsplit(".", 1)[-1]
     assert f"unknown key '{name}'; did you mean '{suggestion}'?" in str(error)
     assert "cfg.yaml" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [("sampler.maxdepth", "under PyMC's name, max_treedepth"),
+     ("sampler.low_rank_modified_mass_matrix", "did you mean 'adaptation: low_rank'?"),
+     ("sampler.save_warmup", "'discard_tuned_samples: false' keeps the warm-up"),
+     ("sampler.init_mean", "give start values as initvals"),
+     ("sampler.idata_kwargs", "log_likelihood is outputs.log_likelihood")],
+)
+def test_a_setting_under_pm_samples_or_nutpies_name_says_the_key_to_use(key: str, hint: str) -> None:
+    error = config_error(with_change(key, True))
+    assert error.key == key and hint in str(error)
+
+
+def test_a_start_value_of_no_number_names_its_entry() -> None:
+    error = config_error(with_change("sampler.initvals", {"mu": [0.5, "a"]}))
+    assert error.key == "sampler.initvals.mu[1]" and "must be a number or a list, got 'a'" in str(error)
+
+
+@pytest.mark.parametrize("name", ["mass_matrix_eigval_cutoff", "mass_matrix_gamma"])
+@pytest.mark.parametrize("adaptation", ["diag", "draw_diag"])
+def test_a_low_rank_setting_needs_the_low_rank_adaptation(name: str, adaptation: str) -> None:
+    """nutpie refuses these with another adaptation ("not available for diag adaptation"): said at load."""
+    error = config_error(with_change("sampler", {"adaptation": adaptation, name: 5.0}))
+    assert error.key == f"sampler.{name}" and "set adaptation: low_rank" in str(error)
+    assert config_from_dict(with_change("sampler", {"adaptation": "low_rank", name: 5.0}))
+
+
+def test_sampler_settings_defaults_are_the_schemas() -> None:
+    """The dataclass's defaults (for code that builds one) equal what a config without them gets."""
+    import dataclasses
+
+    schema = config_schema()["properties"]["sampler"]["properties"]
+    for field in dataclasses.fields(SamplerSettings):
+        if field.default is not dataclasses.MISSING:
+            assert field.default == schema[field.name]["default"], field.name
+        elif field.default_factory is not dataclasses.MISSING:
+            assert field.default_factory() == schema[field.name]["default"], field.name
 
 
 def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
@@ -311,13 +368,21 @@ def test_schema_errors_from_a_file_name_that_file(project: Path) -> None:
 # --- the schema file itself -------------------------------------------------------------------
 
 
+def _is_section(schema: dict) -> bool:
+    """An object with fixed keys, or a map keyed by user names whose entries are such (`columns`); a map
+    from user names to values (`sampler.initvals`, `sampler.step`) is one setting."""
+    entry = schema.get("additionalProperties")
+    return schema.get("type") == "object" and ("properties" in schema or
+                                               (isinstance(entry, dict) and "properties" in entry))
+
+
 def _objects(schema: dict, where: str = "") -> list[tuple[str, dict]]:
     """Every object with fixed keys; a map keyed by user names (`columns`) contributes its value schema."""
     if "properties" not in schema and isinstance(schema.get("additionalProperties"), dict):
         return _objects(schema["additionalProperties"], f"{where}.<name>")
     found = [(where, schema)]
     for name, sub in schema.get("properties", {}).items():
-        if sub.get("type") == "object":
+        if _is_section(sub):
             found += _objects(sub, f"{where}.{name}".lstrip("."))
     return found
 
@@ -341,8 +406,8 @@ def test_every_setting_is_documented_in_the_config_readme() -> None:
     readme = (REPO / "config" / "README.md").read_text()
     for where, obj in _objects(config_schema()):
         for name, sub in obj["properties"].items():
-            if sub.get("type") != "object":
-                assert f"`{where}.{name}`".replace("`.", "`") in readme
+            if not _is_section(sub):
+                assert f"`{where}.{name}`".replace("`.", "`") in readme, f"{where}.{name}"
 
 
 def test_workflow_schema_is_a_relative_symlink_to_the_packaged_schema() -> None:

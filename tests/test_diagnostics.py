@@ -146,3 +146,20 @@ def test_summary_of_default_settings_is_arviz_stats_summary_with_its_defaults(ki
     assert list(ours.columns[:-1]) == list(reference.columns)
     np.testing.assert_allclose(ours.loc[reference.index, reference.columns].to_numpy(float),
                                reference.to_numpy(float), rtol=1e-10)
+
+
+@pytest.mark.parametrize("chains", [1, 2, 4])
+@pytest.mark.parametrize("draws", [2, 3, 10, 1000])
+def test_bfmi_equals_arviz_stats_per_chain(chains: int, draws: int) -> None:
+    """E-BFMI of each chain's energy, from one that barely moves between draws (low) to one that
+    anticorrelates (above 1), and a constant chain (NaN, as arviz_stats gives)."""
+    rng = np.random.default_rng(chains * 100 + draws)
+    for phi in (-0.6, 0.0, 0.9, 0.9995):
+        energy = ar1(rng, (chains, draws), phi) + 50.0
+        np.testing.assert_allclose(diagnostics.bfmi(energy), array_stats.bfmi(energy), rtol=1e-12, atol=0,
+                                   err_msg=f"phi {phi}")
+    constant = np.full((chains, draws), 3.0)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        np.testing.assert_array_equal(diagnostics.bfmi(constant), array_stats.bfmi(constant))
+    assert np.isnan(diagnostics.bfmi(constant)).all()

@@ -30,6 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import parity_corpus  # noqa: E402
+import parity_run  # noqa: E402
 from posterior_checks import SD_RATIO, assert_same_posterior  # noqa: E402
 
 RUNNER = Path(__file__).parent / "parity_run.py"
@@ -66,8 +67,9 @@ def _run_side(side: str, python: Path, root: Path, names: list[str], log_name: s
 
 def _selected(session: pytest.Session) -> list[str]:
     """The corpus models whose test case this session runs (``-k`` picks a few while developing)."""
-    return [item.callspec.params["name"] for item in session.items
-            if getattr(item, "originalname", "") == "test_batchfit_posterior_matches_pm_sample"]
+    tests = ("test_batchfit_posterior_matches_pm_sample", "test_batchfit_posterior_under_sampler_settings")
+    return list(dict.fromkeys(item.callspec.params["name"] for item in session.items
+                              if getattr(item, "originalname", "") in tests))
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +123,40 @@ def test_batchfit_posterior_matches_pm_sample(corpus, name):
         posterior = tree["posterior"].to_dataset().load()
     with xr.open_dataset(corpus / name / "reference.nc", engine="h5netcdf") as ref:
         assert_same_posterior(posterior, ref.load(), label=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+@pytest.mark.parametrize("family", parity_run.SETTING_FAMILIES)
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name])) if name in XFAIL else name
+    for name in CASES])
+def test_batchfit_posterior_under_sampler_settings(corpus, name, family):
+    """Each family of sampler settings (parity_run.SETTING_FAMILIES) fits every corpus model, and the
+    posterior is pm.sample's within the corpus's tolerance: nutpie's low-rank adaptation among them
+    gives the posterior of the diagonal adaptation pm.sample's nutpie runs."""
+    import xarray as xr
+
+    from batchfit.fitting.sampler_settings import default_settings
+
+    reference = _result(corpus, name, "reference")
+    assert reference["status"] == "ok", f"{name}: pm.sample fails: {reference['message']}"
+    ours = _result(corpus, name, f"batchfit-{family}")
+    assert ours["status"] == "ok", f"{name} under {family}: batchfit failed: {ours['message']}"
+    with xr.open_datatree(corpus / name / f"batchfit-{family}" / "fits" / "d.nc") as tree:
+        posterior = tree["posterior"].to_dataset().load()
+        recorded = json.loads(tree["sample_stats"].attrs["inference_library_settings"])  # what nutpie was given
+        kept = set(tree.children)
+    settings = {**default_settings(), **parity_run.SETTING_FAMILIES[family]}
+    # nutpie records draw_diag as its diag adaptation without the gradient-based estimate
+    adaptation = "low_rank" if settings["adaptation"] == "low_rank" else "diag"
+    assert (recorded["adaptation"], recorded["settings"]["maxdepth"]) == (adaptation, settings["max_treedepth"])
+    mass_matrix = recorded["settings"]["adapt_options"]["mass_matrix_options"]
+    if adaptation == "diag":
+        assert mass_matrix["use_grad_based_estimate"] == (settings["adaptation"] == "diag")
+    assert ({"warmup_posterior", "warmup_sample_stats"} <= kept) == (not settings["discard_tuned_samples"])
+    with xr.open_dataset(corpus / name / "reference.nc", engine="h5netcdf") as ref:
+        assert_same_posterior(posterior, ref.load(), label=f"{name} under {family}")
 
 
 def test_every_public_distribution_is_in_the_corpus_or_skipped_with_a_reason():

@@ -27,6 +27,7 @@ from batchfit.common.atomic import write_json
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
 from batchfit.model.simulate import simulate_datasets
+from batchfit.schema import config_schema
 from batchfit.sweep.plan import compile_stamp_path, plan
 from batchfit.sweep.stages import run_collect, run_compile, run_fit
 
@@ -70,7 +71,10 @@ def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None
         with xr.open_datatree(config.layout.fit(dataset_id)) as tree:
             attrs = dict(tree.attrs)
             assert tree["posterior"].ds.sizes["draw"] == SAMPLER["draws"]
-        assert json.loads(attrs["sampler"]) == SAMPLER
+        recorded = json.loads(attrs["sampler"])  # every sampler setting: those given, the schema's defaults
+        specs = config_schema()["properties"]["sampler"]["properties"]
+        defaults = {name: spec["default"] for name, spec in specs.items()}
+        assert recorded == {**defaults, **SAMPLER} and set(recorded) == set(defaults)
         assert json.loads(attrs["outputs"]) == {"log_likelihood": False, "posterior_predictive": False,
                                                   "var_names": None, "filter_vars": None}
         assert attrs["model_hash"] == hashlib.sha256(MODEL.read_bytes()).hexdigest()
@@ -96,6 +100,13 @@ def test_nothing_is_pending_after_the_fit(fitted: Path, session_cache: Path) -> 
     pytest.param({"sampler": {"chains": 2}}, id="chains"),
     pytest.param({"sampler": {"target_accept": 0.9}}, id="target_accept"),
     pytest.param({"sampler": {"seed": 6}}, id="seed"),
+    *(pytest.param({"sampler": {name: value}}, id=name) for name, value in [
+        ("max_treedepth", 8), ("adaptation", "low_rank"), ("mass_matrix_switch_freq", 40),
+        ("early_window_switch_freq", 5), ("store_divergences", True), ("store_unconstrained", True),
+        ("store_gradient", True), ("store_mass_matrix", True), ("initvals", {"mu": 0.5}), ("jitter_rvs", []),
+        ("discard_tuned_samples", False), ("step", {"mu": "slice"})]),
+    pytest.param({"sampler": {"adaptation": "low_rank", "mass_matrix_eigval_cutoff": 10.0}}, id="eigval_cutoff"),
+    pytest.param({"sampler": {"adaptation": "low_rank", "mass_matrix_gamma": 1e-3}}, id="gamma"),
     pytest.param({"outputs": {"log_likelihood": True}}, id="log_likelihood"),
     pytest.param({"outputs": {"posterior_predictive": True}}, id="posterior_predictive"),
 ])
@@ -104,7 +115,8 @@ def test_a_changed_setting_makes_every_dataset_pending(fitted: Path, session_cac
 
 
 def test_settings_that_do_not_shape_a_fit_leave_it_alone(fitted: Path, session_cache: Path) -> None:
-    config = settings(fitted, session_cache, batch_size=1, health={"max_r_hat": 1.5}, on_error="stop")
+    config = settings(fitted, session_cache, batch_size=1, on_error="stop",
+                      health={"max_r_hat": 1.5, "min_ess_tail": 10, "max_treedepth_fraction": 0.5, "min_bfmi": 0.1})
     assert pending(config_from_dict(config)) == []
 
 
@@ -310,6 +322,9 @@ def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, sessio
 
     jobs = snakemake_dry_run(project, settings(project, session_cache, sampler={"draws": 300}))
     assert jobs.get("fit") == 2 and "compile" not in jobs, jobs  # all three datasets, in batches of 2
+    # a setting that changes no compiled code, only how the datasets are sampled: the fits alone again
+    jobs = snakemake_dry_run(project, settings(project, session_cache, sampler={"adaptation": "low_rank"}))
+    assert jobs.get("fit") == 2 and "compile" not in jobs, jobs
 
     for path in [project / "model.py", *(project / "data").glob("*.csv")]:
         path.touch()

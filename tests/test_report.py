@@ -154,8 +154,9 @@ def test_forest_figure_draws_each_rows_arviz_intervals_and_mean(tmp_path, ci_kin
 
 def test_health_of_a_sweep_without_warnings_or_failures_is_plotted(tmp_path):
     """datasets.csv as collect writes it when every dataset is ok: its message column is empty."""
-    rows = [{"dataset": f"ds_{i}", "status": "ok", "message": "", "divergences": 0,
-             "max_r_hat": 1.0, "min_ess_bulk": 900.0, "structure": "s", "sampler_path": "cached"} for i in range(3)]
+    rows = [{"dataset": f"ds_{i}", "status": "ok", "message": "", "divergences": 0, "max_r_hat": 1.0,
+             "min_ess_bulk": 900.0, "min_ess_tail": 800.0, "max_treedepth_fraction": 0.0, "min_bfmi": 0.9,
+             "structure": "s", "sampler_path": "cached"} for i in range(3)]
     pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
     plot_health(read_health(tmp_path / "datasets.csv", max_rows=0), tmp_path / "health.png")
     assert (tmp_path / "health.png").stat().st_size > 0
@@ -167,8 +168,10 @@ def test_the_health_read_in_parts_is_the_whole_tables(tmp_path, rows_at_once, ma
     """The counts and first warnings of datasets.csv read in parts are what pandas makes of the whole file."""
     rows = [{"dataset": f"ds_{i}", "status": ("warning", "ok", "failed")[i % 3] if i != 4 else "failed",
              "message": ("r_hat 1.2 > 1.01", "", "sampling failed")[i % 3] + ("; divergences 3 > 0" if i == 3 else "")
+             + ("; min ess_tail 380 < 400; max_treedepth_fraction 0.25 > 0; min_bfmi 0.21 < 0.3" if i == 6 else "")
              + ("; 3 rows < 10 (health.min_rows)" if i == 6 else ""),
-             "divergences": i, "max_r_hat": 1.0 + i / 10, "min_ess_bulk": 900.0 - i, "structure": "s",
+             "divergences": i, "max_r_hat": 1.0 + i / 10, "min_ess_bulk": 900.0 - i, "min_ess_tail": 800.0 - i,
+             "max_treedepth_fraction": i / 20, "min_bfmi": 1.0 - i / 10, "structure": "s",
              "sampler_path": "cached"} for i in range(8)]
     pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
     datasets = pd.read_csv(tmp_path / "datasets.csv")
@@ -177,12 +180,46 @@ def test_the_health_read_in_parts_is_the_whole_tables(tmp_path, rows_at_once, ma
     health = read_health(tmp_path / "datasets.csv", max_rows, rows_at_once)
     assert health.n_datasets == len(datasets) == 8
     assert health.counts == {s: int((datasets["status"] == s).sum()) for s in ("ok", "warning", "failed")}
-    assert health.reasons == {r: int(warned["message"].str.contains(r).sum()) for r in ("r_hat", "ess_bulk",
-                                                                                       "divergences", "rows")}
+    assert health.reasons == {r: int(warned["message"].str.contains(r).sum())
+                              for r in ("r_hat", "ess_bulk", "ess_tail", "divergences", "max_treedepth_fraction",
+                                        "min_bfmi", "rows")}
     assert health.reasons["divergences"] == 1 and health.reasons["rows"] == 1
     assert health.n_warnings == len(warned) == 3
+    assert health.reasons["ess_tail"] == health.reasons["max_treedepth_fraction"] == health.reasons["min_bfmi"] == 1
+    assert {"min_ess_tail", "max_treedepth_fraction", "min_bfmi"} <= set(health.warnings.columns)
     pd.testing.assert_frame_equal(health.warnings, warned[DATASET_COLUMNS].head(max_rows).reset_index(drop=True),
                                   check_dtype=False)
+
+
+def test_the_health_page_shows_every_threshold_and_each_warnings_diagnostics(tmp_path):
+    """The health page names each threshold with its value, counts the warnings per threshold crossed
+    and shows each warning's diagnostics, the tail ESS, tree-depth and E-BFMI ones included."""
+    from batchfit.outputs.report import health_page
+
+    config = config_from_dict({"model": "m.py", "datasets": ["d"], "health": {"min_ess_tail": 321,
+                                                                               "max_treedepth_fraction": 0.05,
+                                                                               "min_bfmi": 0.25}})
+    diagnostics = {"divergences": 0, "max_r_hat": 1.001, "min_ess_bulk": 900.0, "min_ess_tail": 111.0,
+                   "max_treedepth_fraction": 0.375, "min_bfmi": 0.125}
+    message = "min ess_tail 111 < 321; max_treedepth_fraction 0.375 > 0.05; min_bfmi 0.12 < 0.25"
+    rows = [{"dataset": "bad", "status": "warning", "message": message, **diagnostics, "structure": "s",
+             "sampler_path": "cached"},
+            {"dataset": "good", "status": "ok", "message": "", **diagnostics, "structure": "s",
+             "sampler_path": "cached"}]
+    pd.DataFrame(rows, columns=DATASET_COLUMNS).to_csv(tmp_path / "datasets.csv", index=False)
+    page = health_page(read_health(tmp_path / "datasets.csv", max_rows=10), pd.DataFrame(), config)
+    for text in ("any ess_tail &lt; 321.0", "more than a share of 0.05", "below 0.25 (min_bfmi)"):
+        assert text in page, text
+    for column in ("min_ess_tail", "max_treedepth_fraction", "min_bfmi"):
+        assert f"<th>{column}</th>" in page, column
+    warned = page.split("<h2>Warnings (1)</h2>")[1]
+    assert "<td>bad</td>" in warned and "<td>good</td>" not in warned
+    for value in ("111", "0.375", "0.125"):  # the bad dataset's row, as table() prints numbers
+        assert f"<td>{value}</td>" in warned, value
+    counts = page.split("<h2>Warnings by threshold crossed</h2>")[1].split("<h2>")[0]
+    assert "<th>ess_tail</th>" in counts and "<th>ess_bulk</th>" in counts
+    # tail, depth, bfmi crossed; r_hat, ess_bulk, divergences, rows not
+    assert counts.count("<td>1</td>") == 3 and counts.count("<td>0</td>") == 4
 
 
 @pytest.mark.parametrize(("rows_at_once", "max_rows"), [(1, 4), (3, 4), (5, 100), (100, 7), (100, 1)])

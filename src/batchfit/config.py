@@ -31,13 +31,32 @@ AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.sweep.plan.batch_s
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """NUTS settings used for every dataset."""
+    """The sampler's settings for every dataset, under PyMC's names where PyMC has one, nutpie's otherwise.
+
+    Which path honours which setting, and how each reaches nutpie or ``pm.sample``:
+    `batchfit.fitting.sampler_settings`. Every one is part of each fit's provenance digest, none of
+    the compiled model's cache key. The defaults are the schema's (``config.schema.yaml``).
+    """
 
     draws: int
     tune: int
     chains: int
     target_accept: float
     seed: int
+    max_treedepth: int = 10
+    adaptation: str = "diag"
+    mass_matrix_eigval_cutoff: float | None = None
+    mass_matrix_gamma: float | None = None
+    mass_matrix_switch_freq: int | None = None
+    early_window_switch_freq: int | None = None
+    store_divergences: bool = False
+    store_unconstrained: bool = False
+    store_gradient: bool = False
+    store_mass_matrix: bool = False
+    initvals: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    jitter_rvs: tuple[str, ...] | None = None
+    discard_tuned_samples: bool = True
+    step: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,9 @@ class HealthSettings:
     max_divergences: int
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    min_ess_tail: float = 400.0
+    max_treedepth_fraction: float = 0.0
+    min_bfmi: float = 0.3
     min_rows: int | None = None  # fewer rows make a fitted dataset a warning; None: not checked
 
 
@@ -297,7 +319,23 @@ def _plain(value: Any) -> Any:
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`, each section into its dataclass."""
     columns = {str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()}
-    return _section(Config, {**d, "source": source, "columns": columns})
+    config = _section(Config, {**d, "source": source, "columns": columns})
+    _check_sampler(config.sampler, source)
+    return config
+
+
+# nutpie settings of its low-rank adaptation alone: nutpie refuses them with another adaptation.
+_LOW_RANK_ONLY = ("mass_matrix_eigval_cutoff", "mass_matrix_gamma")
+
+
+def _check_sampler(sampler: SamplerSettings, source: str) -> None:
+    """Sampler settings that contradict each other, whatever the model (what a model's path cannot
+    honour is found once the model is built: `batchfit.fitting.sampler_settings.settings_problems`)."""
+    for name in _LOW_RANK_ONLY:
+        if getattr(sampler, name) is not None and sampler.adaptation != "low_rank":
+            raise ConfigError(f"{name} tunes nutpie's low-rank adaptation, but adaptation is "
+                              f"{sampler.adaptation!r}: set adaptation: low_rank, or remove {name}",
+                              key=f"sampler.{name}", source=source)
 
 
 def _section(cls: type, data: Mapping[str, Any]) -> Any:

@@ -90,10 +90,10 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
         yield key, f"must be {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_describe(value)}"
     elif kind in _BOUNDS:
         yield key, f"must be {_BOUNDS[kind]} {expected}, got {_describe(value)}"
-    elif kind == "pattern":  # a word some number settings take instead of a number: batch_size 'auto'
+    elif kind == "pattern":  # words some number settings take instead of a number: batch_size 'auto'
         numbers = [_TYPE_NAMES[n] for n in error.schema.get("type", []) if n != "string"]
-        word = repr(expected.strip("^$"))
-        yield key, f"must be {' or '.join([*numbers, word])}, got {_describe(value)}"
+        words = [repr(word) for word in expected.strip("^$").strip("()").split("|")]
+        yield key, f"must be {' or '.join([*numbers, *words])}, got {_describe(value)}"
     elif kind == "enum":
         allowed = ", ".join("null" if v is None else repr(v) for v in expected)
         yield key, f"must be one of {allowed}, got {_describe(value)}"
@@ -108,18 +108,22 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
                 yield _child(key, name), f"missing required key '{name}'"
     elif kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
+        other_names = error.schema.get("x-other-names", {})
         for name in value:
             if name not in allowed:
-                yield _child(key, name), _unknown_key(name, allowed)
+                yield _child(key, name), _unknown_key(name, allowed, other_names.get(name))
     else:
         yield key, error.message
 
 
-def _unknown_key(name: object, allowed: list[str]) -> str:
-    """Message for an unknown key, with a did-you-mean suggestion when one is close."""
+def _unknown_key(name: object, allowed: list[str], hint: str | None = None) -> str:
+    """Message for an unknown key: the schema's ``hint`` for it (``x-other-names``: where a setting
+    pm.sample or nutpie names so is found here), else a did-you-mean suggestion when one is close."""
     message = f"unknown key {name!r}"
     close = difflib.get_close_matches(str(name), allowed, n=1)
-    if close:
+    if hint:
+        message += f"; {' '.join(hint.split())}"
+    elif close:
         message += f"; did you mean '{close[0]}'?"
     return message + f" (allowed here: {', '.join(allowed)})"
 

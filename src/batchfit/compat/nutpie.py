@@ -181,20 +181,26 @@ _NUTPIE_OPTIONAL_STATS = {
 
 
 _SAMPLE_DIMS = ("chain", "draw")
+# nutpie 0.16's name for the dimension of the flat unconstrained parameter vector (``nutpie/compile_pymc.py``,
+# ``_UNCONSTRAINED_PARAMETER``), along which the optional stats of that vector lie (`_NUTPIE_OPTIONAL_STATS`).
+UNCONSTRAINED_PARAMETER = "unconstrained_parameter"
 
 
 def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
     """The DataTree nutpie itself would have returned for ``raw``, what ``sampler.wait()`` gave of a
-    sampler from ``nutpie.sample(model, ..., blocking=False, return_raw_trace=True, save_warmup=False)``.
+    sampler from ``nutpie.sample(model, ..., blocking=False, return_raw_trace=True)``.
 
-    The same ``posterior`` and ``sample_stats`` (values, dims, coordinates, the stats it keeps, its
-    attributes), built as two ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``, which
-    builds and aligns a DataArray per variable, the largest part of the main thread's work per
+    The same groups (``posterior`` and ``sample_stats``; with ``save_warmup=True`` also
+    ``warmup_posterior`` and ``warmup_sample_stats``; with ``store_unconstrained=True`` also
+    ``unconstrained_posterior``, and its warm-up) with the same values, dims, coordinates, kept
+    stats and attributes, built as ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``,
+    which builds and aligns a DataArray per variable, the largest part of the main thread's work per
     dataset, and that work bounds a fit job's rate (``benchmarks/throughput.py --profile`` shows it).
     Private: the arrow-to-array step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws,
-    with NaN or None where arrow has nulls) and the sampler's ``_settings``, which say the stats
-    to keep and go into the ``sample_stats`` attributes (``_BackgroundSampler._extract``).
-    ``tests/test_compat.py`` compares the result with nutpie's own on the same seed.
+    with NaN or None where arrow has nulls) and the sampler's ``_settings`` (the stats to keep, and
+    the ``sample_stats`` attributes), ``_save_warmup`` and ``_store_unconstrained``
+    (``_BackgroundSampler._extract`` and ``_arrow_to_arviz``). ``tests/test_compat.py`` compares the
+    result with nutpie's own on the same seed, with and without the warm-up and the optional stats.
     """
     import json
 
@@ -211,16 +217,23 @@ def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
             for name in names]
     n_tune = [int(stat.column("tuning").to_numpy().sum()) for stat in stat_batches]
     n_draws = max(draw.num_rows - tune for draw, tune in zip(draw_batches, n_tune, strict=True))
-    posterior: dict[str, np.ndarray] = {}
-    stats: dict[str, np.ndarray] = {}
+    n_chains = len(draw_batches)
+    parts = {"posterior": ({}, {}, n_draws)}  # group: (draws, stats, length)
+    if sampler._save_warmup:
+        parts["warmup_posterior"] = ({}, {}, max(n_tune))
     dims: dict[str, list[str]] = {}
     for chain, (draw, stat, tune) in enumerate(zip(draw_batches, stat_batches, n_tune, strict=True)):
-        _add_arrow_data(posterior, n_draws, draw.slice(tune, draw.num_rows - tune), chain, len(draw_batches), dims, [])
-        _add_arrow_data(stats, n_draws, stat.slice(tune, stat.num_rows - tune), chain, len(draw_batches), dims, skip)
-    for name in (*model.reparameterized_names, *_SAMPLE_DIMS):
-        posterior.pop(name, None)
-    for name in _SAMPLE_DIMS:  # the stats' own chain and draw columns: arviz keeps the coordinates instead
-        stats.pop(name, None)
+        for group, (draws, stats, length) in parts.items():
+            start, stop = (tune, draw.num_rows) if group == "posterior" else (0, tune)
+            _add_arrow_data(draws, length, draw.slice(start, stop - start), chain, n_chains, dims, [])
+            _add_arrow_data(stats, length, stat.slice(start, stop - start), chain, n_chains, dims, skip)
+    unconstrained = {}
+    for group, (draws, stats, _) in parts.items():
+        popped = {name: draws.pop(name) for name in model.reparameterized_names if name in draws}
+        unconstrained[group.replace("posterior", "unconstrained_posterior")] = popped
+        for name in _SAMPLE_DIMS:
+            draws.pop(name, None)
+            stats.pop(name, None)  # the stats' own chain and draw columns: arviz keeps the coordinates instead
     coords = {name: pd.Index(values) for name, values in model.coords.items()}
     library = {"inference_library": "nutpie", "inference_library_version": nutpie_version,
                "inference_library_settings": json.dumps(settings)}
@@ -231,9 +244,37 @@ def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
         # Every dimension gets a coordinate, as arviz gives it: the model's labels, else 0, 1, ...
         sizes = {dim: size for var_dims, a in variables.values() for dim, size in zip(var_dims, a.shape, strict=True)}
         index = {dim: coords[dim] if dim in coords else np.arange(size) for dim, size in sizes.items()}
+        if UNCONSTRAINED_PARAMETER in sizes and UNCONSTRAINED_PARAMETER not in coords:
+            index[UNCONSTRAINED_PARAMETER] = unconstrained_parameter_names(model)
         return xr.Dataset(variables, coords=index, attrs=make_attrs(attrs, sample_dims=list(_SAMPLE_DIMS)))
 
-    return xr.DataTree.from_dict({"posterior": dataset(posterior, {}), "sample_stats": dataset(stats, library)})
+    groups = {"posterior": dataset(parts["posterior"][0], {}), "sample_stats": dataset(parts["posterior"][1], library)}
+    if "warmup_posterior" in parts:
+        draws, stats, _ = parts["warmup_posterior"]
+        groups.update(warmup_posterior=dataset(draws, {}), warmup_sample_stats=dataset(stats, {}))
+    if sampler._store_unconstrained:
+        groups.update({group: dataset(arrays, {}) for group, arrays in unconstrained.items() if arrays})
+    return xr.DataTree.from_dict(groups)
+
+
+def unconstrained_parameter_names(model: Any) -> Any:
+    """Labels of nutpie's flat unconstrained parameter vector, as nutpie's own compile gives them
+    (``nutpie/compile_pymc.py``, ``_prepare_dims_and_coords``): ``name`` for a scalar, ``name_i.j`` for
+    an element. For a sampler model whose coordinates lack them (batchfit's callbacks): its free
+    variables are the first entries of its ``shape_info``, which fill its ``n_dim`` values."""
+    import itertools
+
+    import numpy as np
+    import pandas as pd
+
+    names, remaining = [], model.n_dim
+    for base, _, shape in zip(*model.shape_info, strict=True):
+        if remaining <= 0:
+            break
+        remaining -= int(np.prod(shape))
+        names += [base if not idx else f"{base}_{'.'.join(map(str, idx))}"
+                  for idx in itertools.product(*(range(length) for length in shape))]
+    return pd.Index(names)
 
 
 def _nested(settings: dict[str, Any], path: tuple[str, ...]) -> Any:

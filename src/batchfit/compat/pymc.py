@@ -1,8 +1,10 @@
-"""PyMC: the functions it dispatches on an op class (what ``pm.CustomDist`` registers)."""
+"""PyMC: the functions it dispatches on an op class (what ``pm.CustomDist`` registers), and how
+competent its step methods are for a variable (what ``pm.sample`` assigns them by)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -35,4 +37,31 @@ def dispatched_densities(op_class: type) -> dict[str, Any]:
     random_fn = op_class.__dict__.get("_random_fn")
     if random_fn is not None:
         found["random"] = random_fn
+    return found
+
+
+def step_competences(model: Any, methods: Sequence[type]) -> dict[str, dict[type, int]]:
+    """For each free variable of ``model`` (by name), how competent each of PyMC's step ``methods`` is
+    to sample it, as ``pm.sample`` rates them when it assigns step methods itself.
+
+    ``pymc.sampling.mcmc.assign_step_methods`` (pymc 6.4) gives a variable the method of highest
+    ``method._competence(rv, has_gradient)`` (the private classmethod that calls each method's
+    ``competence`` with the arguments it takes), the first of ``methods`` among equals; the variable
+    has a gradient if it is continuous and the model's log density differentiates in it.
+    """
+    import pytensor.gradient as tg
+    from pymc.vartypes import discrete_types
+
+    logp = model.logp()
+    found = {}
+    for rv in model.free_RVs:
+        value = model.rvs_to_values[rv]
+        has_gradient = value.dtype not in discrete_types
+        if has_gradient:
+            try:
+                tg.grad(logp, value)
+            except (NotImplementedError, tg.NullTypeGradError):
+                has_gradient = False
+        # one competence per variable given (a list): one here
+        found[rv.name] = {method: int(method._competence(rv, has_gradient)[0]) for method in methods}
     return found

@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,55 @@ class CompileReport:
         return f"cache miss {self.key[:12]}: compiled in {self.compile_seconds:.1f} s"
 
 
+@dataclass(frozen=True)
+class StartPoint:
+    """Where nutpie's chains start: PyMC's ``initvals`` overrides (by variable name, a transformed name
+    taking an unconstrained value) and the free variables jittered by U(-1, 1) on the unconstrained
+    space (None: every continuous one, as nutpie's ``compile_pymc_model`` and so ``pm.sample`` with
+    nutpie jitter them). The sampler settings ``initvals`` and ``jitter_rvs`` (`batchfit.config`);
+    not part of any cache key: the initial point is evaluated per process, never compiled into an entry.
+    """
+
+    initvals: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    jitter_rvs: tuple[str, ...] | None = None
+
+    @property
+    def is_default(self) -> bool:
+        """Whether the chains start where they start without any setting."""
+        return not self.initvals and self.jitter_rvs is None
+
+    def key(self) -> str:
+        """The start as text, to reuse a function made for an equal one."""
+        return json.dumps([self.initvals, self.jitter_rvs], sort_keys=True)
+
+    def overrides(self) -> dict[str, Any] | None:
+        """``initvals`` as ``make_initial_point_fn`` takes them: arrays, or PyMC's strategy names."""
+        return {name: value if isinstance(value, str) else np.asarray(value) for name, value in self.initvals.items()} \
+            or None
+
+    def jittered(self, model: Any) -> set[Any]:
+        """The random variables of ``model`` whose start is jittered."""
+        from pymc.vartypes import continuous_types
+
+        if self.jitter_rvs is None:  # a discrete variable (pm.sample's own path) cannot hold the noise
+            return {rv for rv in model.free_RVs if rv.dtype in continuous_types}
+        return {model[name] for name in self.jitter_rvs}
+
+    def point_function(self, model: Any) -> Callable[[Any], dict[str, np.ndarray]]:
+        """PyMC's seeded initial-point function of ``model`` for this start, on the unconstrained space
+        (``pymc.initial_point.make_initial_point_fn``, as nutpie's ``compile_pymc_model`` makes it):
+        jitter is added to the ``initvals``. Compiled by PyTensor's Python backend: evaluated once per
+        chain, it needs no numba."""
+        from pymc.initial_point import make_initial_point_fn
+
+        with python_mode():
+            return make_initial_point_fn(model=model, overrides=self.overrides(), jitter_rvs=self.jittered(model),
+                                         return_transformed=True)
+
+
+DEFAULT_START = StartPoint()
+
+
 class CompiledModel:
     """A model structure's cached callbacks plus the per-process functions around them."""
 
@@ -60,8 +110,9 @@ class CompiledModel:
         """Whether ``model`` has the structure these callbacks were compiled for."""
         return structure_of(model) == self.fingerprint
 
-    def sampler_for(self, model: Any) -> Any:
-        """A nutpie sampler model for ``model`` (same structure, its own data), without compiling.
+    def sampler_for(self, model: Any, start: StartPoint = DEFAULT_START) -> Any:
+        """A nutpie sampler model for ``model`` (same structure, its own data), without compiling;
+        its chains start as ``start`` says.
 
         The data arrays are kept alive by the returned object, which nutpie holds while sampling.
         """
@@ -94,7 +145,7 @@ class CompiledModel:
             reparameterized_names=list(self.functions.reparameterized),
             logp=self.logp,
             expand=self.expand,
-            initial_point=self.functions.initial_point(self.functions.free_names, loaded),
+            initial_point=self.functions.initial_point(self.functions.free_names, loaded, start),
             data={slot.name + ":" + slot.kind: v for slot, v in loaded.items()},
             record=record,
             names=names,
@@ -134,9 +185,6 @@ class SamplerFunctions:
 
     def __init__(self, template: Any):
         import pytensor
-        from pymc.initial_point import make_initial_point_fn
-        from pymc.vartypes import continuous_types
-
         self.template = template
         self.slots = [slot_of(var, template) for var in swappable_inputs(template)]
         self.free_names = [template.rvs_to_values[rv].name for rv in template.free_RVs]
@@ -147,12 +195,9 @@ class SamplerFunctions:
                                 if template.rvs_to_transforms.get(rv) is not None]
         # Evaluated once per chain, so PyTensor's Python backend is fast enough, and it spares
         # the process numba's start-up (and g++): the sampler's hot code comes ready-made from the cache.
+        self._point_fn = DEFAULT_START.point_function(template)
+        self._start_fns = {DEFAULT_START.key(): self._point_fn}  # by `StartPoint.key`, made when first asked for
         with python_mode():
-            self._point_fn = make_initial_point_fn(
-                # only continuous variables are jittered: a discrete one (PyMC's path) cannot hold the noise
-                model=template, jitter_rvs={rv for rv in template.free_RVs if rv.dtype in continuous_types},
-                return_transformed=True,
-            )
             self._shape_fn = pytensor.function(free_values, [v.shape for v in remaining], on_unused_input="ignore")
             unlabelled = [name for name, vals in template.coords.items() if vals is None]
             self._dim_fn = pytensor.function([], [template.dim_lengths[name] for name in unlabelled])
@@ -200,17 +245,22 @@ class SamplerFunctions:
         """Lengths of the dimensions that have no coordinate labels, for the loaded values."""
         return {name: int(n) for name, n in zip(self._unlabelled, self._dim_fn(), strict=True)}
 
-    def initial_point(self, names: Sequence[str], values: dict[Slot, np.ndarray]) -> Callable[[Any], np.ndarray]:
-        """nutpie's initial-point callback: a flat float64 vector of jittered start values.
+    def initial_point(self, names: Sequence[str], values: dict[Slot, np.ndarray],
+                      start: StartPoint = DEFAULT_START) -> Callable[[Any], np.ndarray]:
+        """nutpie's initial-point callback: a flat float64 vector of start values, jittered and
+        overridden as ``start`` says (its function is made here, on the calling thread, once per start).
 
         Called from a chain thread when its chain starts, maybe while other datasets use the
         template: it loads its own dataset's ``values`` first.
         """
+        point_fn = self._start_fns.get(start.key())
+        if point_fn is None:
+            point_fn = self._start_fns[start.key()] = start.point_function(self.template)
 
         def flat_point(seed: Any) -> np.ndarray:
             with self._lock:
                 self._set(values)
-                point = self._point_fn(seed)
+                point = point_fn(seed)
             return np.concatenate([np.asarray(point[n], dtype="float64").ravel() for n in names])
 
         return flat_point

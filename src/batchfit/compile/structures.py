@@ -28,7 +28,7 @@ from batchfit.compat.nutpie import import_nutpie, with_labels
 from batchfit.compile.build import compile_model
 from batchfit.compile.extras import ExtraGroups
 from batchfit.compile.fingerprint import structure_of
-from batchfit.compile.sampler import CompiledModel, SamplerFunctions
+from batchfit.compile.sampler import DEFAULT_START, CompiledModel, SamplerFunctions, StartPoint
 from batchfit.compile.workers import ModelSource
 from batchfit.config import CacheSettings, OutputSettings
 from batchfit.errors import CachedPathUnsupported, ModelContractError, SamplerFailure, one_line
@@ -62,11 +62,12 @@ class Structure:
         """The cache entry it was loaded from ('' on nutpie's path, which nutpie compiles in-process)."""
         return self.compiled.key if self.compiled is not None else ""
 
-    def sampler_model(self, model: Any) -> Any:
-        """A nutpie sampler model for ``model``, whose values are also loaded into the template."""
+    def sampler_model(self, model: Any, start: StartPoint = DEFAULT_START) -> Any:
+        """A nutpie sampler model for ``model``, whose values are also loaded into the template; its
+        chains start as ``start`` says."""
         if self.compiled is not None:
-            return self.compiled.sampler_for(model)
-        return self.nutpie_model(model)
+            return self.compiled.sampler_for(model, start)
+        return self.nutpie_model(model, start)
 
     def loaded(self, model: Any) -> AbstractContextManager[Any]:
         """The template holding ``model``'s values (as the optional outputs read them), locked
@@ -77,13 +78,17 @@ class Structure:
             self._loader = SamplerFunctions(self.template)
         return self._loader.loaded(model)
 
-    def nutpie_model(self, model: Any) -> Any:
-        """``model`` compiled by nutpie's own ``compile_pymc_model`` (reused for equal sizes and values)."""
-        variant = _sizes_and_baked_values(model)
+    def nutpie_model(self, model: Any, start: StartPoint = DEFAULT_START) -> Any:
+        """``model`` compiled by nutpie's own ``compile_pymc_model`` (reused for equal sizes and values),
+        its chains starting as ``start`` says (``initial_points`` and ``jitter_rvs``, as ``pm.sample``
+        passes its ``initvals``)."""
+        variant = (*_sizes_and_baked_values(model), start.key())
         compiled = self._nutpie.get(variant)
         if compiled is None:
+            jitter = None if start.jitter_rvs is None else start.jittered(model)
             try:
-                compiled = import_nutpie().compile_pymc_model(model)
+                compiled = import_nutpie().compile_pymc_model(model, initial_points=start.overrides(),
+                                                              jitter_rvs=jitter)
             except Exception as exc:
                 raise SamplerFailure(f"nutpie's compile_pymc_model failed: {one_line(exc)}") from exc
             compiled = with_labels(compiled)

@@ -44,6 +44,14 @@ from batchfit.errors import (
 )
 from batchfit.fitting.outcome import hint
 from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
+from batchfit.fitting.sampler_settings import (
+    SettingProblem,
+    nutpie_options,
+    problems_line,
+    pymc_options,
+    settings_problems,
+    start_point,
+)
 from batchfit.model.model_file import (
     baked_values,
     build_model,
@@ -176,6 +184,8 @@ class Fitter:
         self.structures = Structures(config, cache, compile_workers=compile_workers)
         self.roles = variable_roles(ref.model)  # the reference's: every structure is read alike
         self.kept = kept_variables(config, self.roles)
+        self.chain_start = start_point(config.sampler)  # where nutpie's chains start
+        self._problems: dict[tuple[str, str], list[SettingProblem]] = {}  # by structure and path
         self.reference = self._structure(ref.model, ref.dataset)
 
     @property
@@ -224,16 +234,41 @@ class Fitter:
         return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
                                   self.ref.coding.for_dataset(dataset_id))
 
+    def settings_problems(self, structure: Structure, model: Any) -> list[SettingProblem]:
+        """What of the sampler settings ``structure``'s path cannot honour, or does not fit its ``model``
+        (`batchfit.fitting.sampler_settings.settings_problems`), found once per structure."""
+        key = (structure.id, structure.path)
+        if key not in self._problems:
+            self._problems[key] = settings_problems(self.config.sampler, structure.path, model)
+        return self._problems[key]
+
+    def check_settings(self, structure: Structure, model: Any, dataset: Dataset, *, reference: bool = False) -> None:
+        """Raise a `ConfigError` if ``structure``'s path cannot honour a sampler setting, naming the
+        setting, the path and the dataset (a fit job records it as the dataset's failure; the compile
+        stage stops the sweep with the ``reference`` dataset's)."""
+        if structure.path == FAILED:
+            return
+        problems = self.settings_problems(structure, model)
+        if problems:
+            which = (f"the reference dataset '{dataset.id}' ({dataset.path}), and so every dataset of its model "
+                     if reference else f"dataset '{dataset.id}' ({dataset.path}), of model ")
+            raise ConfigError(
+                f"{which}structure {structure.id[:12]}, is fitted {_PATH_WORDS[structure.path]}, which cannot "
+                f"take these sampler settings: {problems_line(problems)}", key=problems[0].key,
+                source=self.config.source)
+
     def sampling(self, model: Any, dataset: Dataset, structure: Structure) -> Sampling:
         """Everything a dataset's sample needs but the threads: its seed and nutpie sampler model.
 
-        A dataset the cached path cannot take is kept for `result`, which tries nutpie's own compile.
+        A sampler setting the structure's path cannot honour is a `ConfigError` (`check_settings`). A
+        dataset the cached path cannot take is kept for `result`, which tries nutpie's own compile.
         """
+        self.check_settings(structure, model, dataset)
         sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
         if structure.path == PYMC:  # pm.sample builds its own sampler, in `result`
             return sampling
         try:
-            sampling.model = structure.sampler_model(model)
+            sampling.model = structure.sampler_model(model, self.chain_start)
         except (CachedPathUnsupported, SamplerFailure) as exc:
             sampling.error = exc
         return sampling
@@ -271,7 +306,7 @@ class Fitter:
             log.warning("%s: batchfit's cached path failed (%s); sampling it through nutpie's own compile",
                         dataset.id, fallback)
             try:
-                tree, path = self._nutpie_sample(structure.nutpie_model(model), seed, threads), NUTPIE
+                tree, path = self._nutpie_sample(structure.nutpie_model(model, self.chain_start), seed, threads), NUTPIE
             except SamplerFailure as second:
                 raise BatchfitError(
                     f"sampling failed for dataset '{dataset.id}' ({dataset.path}) on batchfit's cached path "
@@ -297,8 +332,8 @@ class Fitter:
         """
         s = self.config.sampler
         sampler = import_nutpie().sample(sampler_model, draws=s.draws, tune=s.tune, chains=s.chains,
-                                cores=max(1, min(threads, s.chains)), seed=seed, target_accept=s.target_accept,
-                                progress_bar=False, save_warmup=False, blocking=False, return_raw_trace=True)
+                                         cores=max(1, min(threads, s.chains)), seed=seed, progress_bar=False,
+                                         blocking=False, return_raw_trace=True, **nutpie_options(s))
         if not blocking:
             return sampler
         try:
@@ -314,16 +349,12 @@ class Fitter:
         this process may have nutpie's chain threads running for other datasets of the batch.
         """
         import pymc as pm
-        from pymc.vartypes import continuous_types
 
         s = self.config.sampler
-        # target_accept is NUTS's; pm.sample refuses settings for a step method it does not use
-        nuts = {"nuts": {"target_accept": s.target_accept}} if any(
-            rv.dtype in continuous_types for rv in model.free_RVs) else {}
         try:
             return pm.sample(draws=s.draws, tune=s.tune, chains=s.chains, cores=1, random_seed=seed,
                              nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
-                             model=model, **nuts)
+                             model=model, **pymc_options(s, model))
         except Exception as exc:
             raise BatchfitError(f"sampling failed for dataset '{dataset.id}' ({dataset.path}) in pm.sample with "
                                 f"PyMC's own step methods, so pm.sample fails on it too: {one_line(exc)}") from exc
@@ -338,7 +369,9 @@ class Fitter:
                   "constant_data": _dataset(constant, model, dataset)}
         with structure.loaded(model):  # the extras read the template; other datasets are sampling meanwhile
             groups.update(structure.extras.compute(model, tree, seed))  # before dropping: they may read any variable
-        groups["posterior"] = _kept_posterior(tree["posterior"].to_dataset(), self.kept, self.roles)
+        for group in ("posterior", "warmup_posterior"):  # the warm-up's with discard_tuned_samples: false
+            if group in tree.children:
+                groups[group] = _kept_posterior(tree[group].to_dataset(), self.kept, self.roles)
         if "diverging" not in tree["sample_stats"].data_vars:  # PyMC's path with no NUTS step: none can diverge
             sizes = groups["posterior"].sizes
             groups["sample_stats"] = tree["sample_stats"].to_dataset().assign(
@@ -359,6 +392,12 @@ class Fitter:
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
+
+
+# How each path samples, for messages.
+_PATH_WORDS = {CACHED: "on batchfit's cached path (nutpie samples it)",
+               NUTPIE: "through nutpie's own compile (nutpie samples it)",
+               PYMC: "by pm.sample with PyMC's own step methods (it has discrete free variables)"}
 
 
 def sampled_trace(sampler: Any, model: Any) -> Any:

@@ -186,9 +186,9 @@ def collect_fits(
                     stale.append(dataset_id)
                 table = entry["table"]
                 scored = np.isin(table["variable"], entry["scored"])
-                health = score_health(np.asarray(table["r_hat"], dtype=float)[scored],
-                                      np.asarray(table["ess_bulk"], dtype=float)[scored], entry["divergences"],
-                                      thresholds, recorded_rows(entry["attrs"]))
+                health = score_health(*(np.asarray(table[column], dtype=float)[scored]
+                                        for column in ("r_hat", "ess_bulk", "ess_tail")), entry, thresholds,
+                                      recorded_rows(entry["attrs"]))
                 statuses[dataset_id] = health["status"]
                 if entry["attrs"].get("fallback"):
                     fallbacks.setdefault(str(entry["attrs"]["fallback"]), []).append(dataset_id)

@@ -1,4 +1,4 @@
-"""Reading what collect needs of one fit file: its posterior, root attributes and divergences."""
+"""Reading what collect needs of one fit file: its posterior, root attributes and what its sampler recorded."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from batchfit.errors import DatasetError
 from batchfit.outputs.combined import (
     decoded_group,
 )
+from batchfit.outputs.diagnostics import bfmi
+
+# The stat that says a draw's trajectory stopped at the maximum tree depth: nutpie's, PyMC's NUTS's.
+MAXDEPTH_STATS = ("maxdepth_reached", "reached_max_treedepth")
 
 log = logging.getLogger("batchfit")
 
@@ -30,11 +34,11 @@ def group_dataset(group: netCDF4.Group) -> xr.Dataset:
     return xr.Dataset(variables, coords=coords)
 
 
-def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, int]:
-    """Load one fit's posterior into memory and count its divergent transitions.
+def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, dict[str, float]]:
+    """Load one fit's posterior into memory, and its `sampler_diagnostics`.
 
-    Only what collect needs is read (the posterior, ``diverging`` and the root attributes), not
-    the whole tree. The posterior keeps its own attrs plus the fit's root attrs (dataset,
+    Only what collect needs is read (the posterior, a few sampler stats and the root attributes),
+    not the whole tree. The posterior keeps its own attrs plus the fit's root attrs (dataset,
     source, model_hash, seed, sampler, ...) so posteriors.nc records each dataset's provenance.
     """
     try:
@@ -45,12 +49,30 @@ def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, int]:
             if "diverging" not in nc["sample_stats"].variables:
                 raise DatasetError("fit has no sample_stats/diverging variable", dataset=dataset_id, path=path)
             root_attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
-            divergences = int(np.asarray(nc["sample_stats"]["diverging"][:]).sum())
+            diagnostics = sampler_diagnostics(nc["sample_stats"])
             recorded = root_attrs.get("dataset", dataset_id)
             if recorded != dataset_id:
                 raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
             posterior = decoded_group(nc["posterior"])  # through the open file, not opening it again
         posterior.attrs = {**posterior.attrs, **root_attrs}
-        return posterior, divergences
+        return posterior, diagnostics
     except (OSError, ValueError, RuntimeError) as exc:
         raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
+
+
+def sampler_diagnostics(stats: netCDF4.Group) -> dict[str, float]:
+    """What a fit's ``sample_stats`` say of its sampling, over its kept draws (CmdStan's ``diagnose`` checks):
+
+    * ``divergences``: divergent transitions, all chains together;
+    * ``max_treedepth_fraction``: the share of draws whose trajectory stopped at the maximum tree
+      depth (`MAXDEPTH_STATS`); NaN without one (pm.sample's step methods without NUTS);
+    * ``min_bfmi``: the smallest E-BFMI of a chain (`batchfit.outputs.diagnostics.bfmi` of ``energy``,
+      arviz_stats' ``bfmi``); NaN without ``energy``, or when no chain has one.
+    """
+    divergences = int(np.asarray(stats["diverging"][:]).sum())
+    depth = next((stats[name] for name in MAXDEPTH_STATS if name in stats.variables), None)
+    fraction = float(np.asarray(depth[:], dtype=float).mean()) if depth is not None and depth.size else np.nan
+    per_chain = bfmi(np.asarray(stats["energy"][:], dtype=float)) if "energy" in stats.variables else np.array([])
+    per_chain = per_chain[np.isfinite(per_chain)]
+    return {"divergences": divergences, "max_treedepth_fraction": fraction,
+            "min_bfmi": float(per_chain.min()) if per_chain.size else np.nan}

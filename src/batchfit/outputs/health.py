@@ -1,4 +1,10 @@
-"""A fit's health: the thresholds it must meet (r_hat, ESS, divergences) and, if it misses, why in words."""
+"""A fit's health: the thresholds it must meet and, if it misses, why in words.
+
+The thresholds are those of CmdStan's ``diagnose`` (https://mc-stan.org/docs/cmdstan-guide/diagnose_utility.html):
+divergent transitions, draws at the maximum tree depth, E-BFMI per chain, R-hat and ESS (bulk and
+tail). What a fit's sampler recorded (divergences, tree depth, energy) is read by
+`batchfit.outputs.fit_reader.sampler_diagnostics`, R-hat and ESS are its summary's.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,13 @@ import numpy as np
 log = logging.getLogger("batchfit")
 
 
+# The dataset-level diagnostics `score_health` returns (CmdStan's `diagnose` checks), by name.
+DIAGNOSTICS = ("divergences", "max_r_hat", "min_ess_bulk", "min_ess_tail", "max_treedepth_fraction", "min_bfmi")
 # datasets.csv: one row per dataset. The one list of its columns: a new dataset-level diagnostic is a
-# column here, a key of `score_health`'s result (in `HEALTH_STATISTICS` if it is a number scored
-# there) and, if it comes from the fit's attributes, a line of `fitted_row`.
+# column here and a key of `score_health`'s result (in `DIAGNOSTICS`); one from the fit's attributes
+# is a line of `fitted_row`.
 DATASET_COLUMNS = ["dataset", "path", "rows", "groups", "status", "message", "stage", "structure", "sampler_path",
-                   "fallback", "seed", "divergences", "max_r_hat", "min_ess_bulk", "wall_seconds"]
-HEALTH_STATISTICS = ("divergences", "max_r_hat", "min_ess_bulk")  # `score_health`'s, by name
+                   "fallback", "seed", *DIAGNOSTICS, "wall_seconds"]
 
 
 class HealthThresholds(Protocol):
@@ -25,39 +32,54 @@ class HealthThresholds(Protocol):
 
     max_r_hat: float
     min_ess_bulk: float
+    min_ess_tail: float
     max_divergences: int
+    max_treedepth_fraction: float
+    min_bfmi: float
     var_names: tuple[str, ...] | None
     filter_vars: str | None
     min_rows: int | None
 
 
 def score_health(
-    r_hat: np.ndarray, ess_bulk: np.ndarray, divergences: int, thresholds: HealthThresholds,
-    rows: int | None = None,
+    r_hat: np.ndarray, ess_bulk: np.ndarray, ess_tail: np.ndarray, sampler: Mapping[str, float],
+    thresholds: HealthThresholds, rows: int | None = None,
 ) -> dict[str, Any]:
-    """Dataset-level health from the r_hat and ess_bulk of its scored elements, its divergence count and its
-    number of rows (`health.min_rows`; None: unknown, not checked)."""
-    max_r_hat = _nan_reduce(np.nanmax, r_hat)
-    min_ess_bulk = _nan_reduce(np.nanmin, ess_bulk)
+    """Dataset-level health from the r_hat, ess_bulk and ess_tail of its scored elements, what its
+    sampler recorded (``sampler``: `batchfit.outputs.fit_reader.sampler_diagnostics`: divergences,
+    max_treedepth_fraction, min_bfmi) and its number of rows (`health.min_rows`; None: unknown, not
+    checked). A NaN diagnostic (a constant variable; no tree depth or energy, as of pm.sample's step
+    methods without NUTS) crosses no threshold."""
+    divergences = int(sampler["divergences"])
+    values = {"divergences": divergences, "max_r_hat": _nan_reduce(np.nanmax, r_hat),
+              "min_ess_bulk": _nan_reduce(np.nanmin, ess_bulk), "min_ess_tail": _nan_reduce(np.nanmin, ess_tail),
+              "max_treedepth_fraction": float(sampler["max_treedepth_fraction"]),
+              "min_bfmi": float(sampler["min_bfmi"])}
     reasons = []
-    min_rows = getattr(thresholds, "min_rows", None)
+    min_rows = thresholds.min_rows
     if min_rows is not None and rows is not None and rows < min_rows:
         reasons.append(f"{rows} rows < {min_rows} (health.min_rows)")
     if divergences > thresholds.max_divergences:
         reasons.append(f"{divergences} divergences > {number_text(thresholds.max_divergences)}")
-    if max_r_hat > thresholds.max_r_hat:
-        reasons.append(f"max r_hat {shown_against(max_r_hat, thresholds.max_r_hat, 3)} > "
-                       f"{number_text(thresholds.max_r_hat)}")
-    if min_ess_bulk < thresholds.min_ess_bulk:
-        reasons.append(f"min ess_bulk {shown_against(min_ess_bulk, thresholds.min_ess_bulk)} < "
-                       f"{number_text(thresholds.min_ess_bulk)}")
-    return {
-        "divergences": divergences,
-        "max_r_hat": max_r_hat,
-        "min_ess_bulk": min_ess_bulk,
-        "status": "warning" if reasons else "ok",
-        "reasons": reasons,
-    }
+    for name, decimals, crossed in _SCORED:
+        value, threshold = values[name], getattr(thresholds, name)
+        if crossed(value, threshold):
+            sign = ">" if name.startswith("max") else "<"
+            reasons.append(f"{_REASON_NAMES.get(name, name)} {shown_against(value, threshold, decimals)} {sign} "
+                           f"{number_text(threshold)}")
+    return {**values, "status": "warning" if reasons else "ok", "reasons": reasons}
+
+
+# The thresholds after divergences: name (the diagnostic's and its threshold's), decimals shown, crossed.
+_SCORED = (
+    ("max_r_hat", 3, lambda value, threshold: value > threshold),
+    ("min_ess_bulk", 0, lambda value, threshold: value < threshold),
+    ("min_ess_tail", 0, lambda value, threshold: value < threshold),
+    ("max_treedepth_fraction", 3, lambda value, threshold: value > threshold),
+    ("min_bfmi", 2, lambda value, threshold: value < threshold),
+)
+# How a reason names a diagnostic, where not by its own name (the summary's column it is the extreme of).
+_REASON_NAMES = {"max_r_hat": "max r_hat", "min_ess_bulk": "min ess_bulk", "min_ess_tail": "min ess_tail"}
 
 
 def recorded_rows(attrs: Mapping[str, Any]) -> int | None:
@@ -75,7 +97,7 @@ def fitted_row(dataset_id: str, attrs: Mapping[str, Any], health: Mapping[str, A
         "groups": attrs.get("groups", ""), "status": health["status"], "message": "; ".join(health["reasons"]),
         "stage": "", "structure": str(attrs.get("structure", ""))[:12], "sampler_path": attrs.get("sampler_path", ""),
         "fallback": attrs.get("fallback", ""), "seed": attrs.get("seed", ""),
-        **{name: health[name] for name in HEALTH_STATISTICS}, "wall_seconds": attrs.get("wall_seconds", ""),
+        **{name: health[name] for name in DIAGNOSTICS}, "wall_seconds": attrs.get("wall_seconds", ""),
     }
 
 

@@ -32,7 +32,7 @@ log = logging.getLogger("batchfit")
 
 STATUSES = ("ok", "warning", "failed")
 # The health thresholds, as named in datasets.csv's `message` (see batchfit.outputs.health.score_health).
-REASONS = ("r_hat", "ess_bulk", "divergences", "rows")
+REASONS = ("r_hat", "ess_bulk", "ess_tail", "divergences", "max_treedepth_fraction", "min_bfmi", "rows")
 # datasets.csv's text columns, typed when it is read in parts: a part whose datasets have no message
 # would read its message column as float.
 _TEXT_COLUMNS = ("dataset", "parameter", "path", "groups", "status", "message", "stage", "structure",

@@ -91,9 +91,11 @@ def health_page(health: SweepHealth, failures: pd.DataFrame, config: Config) -> 
     parts = [
         table(pd.DataFrame([health.counts | {"total": health.n_datasets}])),
         f"<p>A fit is a <b>warning</b> when any of its r_hat &gt; {h.max_r_hat}, any ess_bulk &lt; "
-        f"{h.min_ess_bulk} (checked on {html.escape(checked)}), it has more than {h.max_divergences} "
-        "divergent transitions" + (f" or its dataset has fewer than {h.min_rows} rows" if h.min_rows else "")
-        + " (config key <code>health</code>).</p>",
+        f"{h.min_ess_bulk} or any ess_tail &lt; {h.min_ess_tail} (checked on {html.escape(checked)}), it has "
+        f"more than {h.max_divergences} divergent transitions, more than a share of {h.max_treedepth_fraction} "
+        f"of its draws stopped at the maximum tree depth (max_treedepth_fraction), a chain's E-BFMI is "
+        f"below {h.min_bfmi} (min_bfmi)" + (f" or its dataset has fewer than {h.min_rows} rows" if h.min_rows else "")
+        + ": CmdStan's <code>diagnose</code> checks (config key <code>health</code>).</p>",
         "<h2>Warnings by threshold crossed</h2>",
         table(pd.DataFrame([health.reasons])),
         f"<h2>Warnings ({health.n_warnings})</h2>",

@@ -55,7 +55,7 @@ ROW_COLUMNS = ["dataset", "parameter"]
 
 
 class SummaryCache:
-    """Each fit's summary table, divergences, selected variables, layout and attributes, cached as JSON.
+    """Each fit's summary table, sampler diagnostics, selected variables, layout and attributes, cached as JSON.
 
     An entry is valid for exactly one fit file content and one `summary_key`; anything else is
     recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
@@ -170,12 +170,12 @@ class SummaryCache:
 
     def _compute(self, dataset_id: str, path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The fit's entry (without key and digest) and the draws of its summarised variables."""
-        posterior, divergences = read_fit(dataset_id, path)
+        posterior, sampler = read_fit(dataset_id, path)
         summarised = _selected(posterior, self.summary, "summary", dataset_id, path)
         scored = _selected(posterior, self.thresholds, "health", dataset_id, path)
         table = summarise_posterior(posterior, dataset_id, path, self.summary, [*summarised, *scored])
         columns = {"parameter": list(table.index), **{str(k): v.tolist() for k, v in table.items()}}
-        entry = {"dataset": dataset_id, "divergences": divergences, "summarised": summarised, "scored": scored,
+        entry = {"dataset": dataset_id, **sampler, "summarised": summarised, "scored": scored,
                  "table": columns, "layout": fit_layout(posterior[summarised]),
                  "attrs": {k: v if isinstance(v, str) else str(v) for k, v in plain_attrs(posterior.attrs).items()}}
         return entry, {name: posterior[name].values for name in summarised}
@@ -296,18 +296,18 @@ def _cell(value: Any) -> str:
 
 
 def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, Any]:
-    """Health of one written fit: divergences, max_r_hat, min_ess_bulk, status, reasons, and the rows and
-    groups the fit recorded of its dataset.
+    """Health of one written fit: its diagnostics (`batchfit.outputs.health.DIAGNOSTICS`), status, reasons,
+    and the rows and groups the fit recorded of its dataset.
 
     `status` is "warning" if any threshold is crossed, else "ok"; `reasons` says which, in
     words, for log lines. NaN diagnostics (e.g. a constant variable) are ignored.
     """
     fit_path = Path(fit_path)
     dataset_id = fit_path.stem
-    posterior, divergences = read_fit(dataset_id, fit_path)
+    posterior, sampler = read_fit(dataset_id, fit_path)
     scored = _selected(posterior, thresholds, "health", dataset_id, fit_path)
     table = summarise_posterior(posterior, dataset_id, fit_path, names=scored)
     rows = recorded_rows(posterior.attrs)
-    health = score_health(table["r_hat"].to_numpy(float), table["ess_bulk"].to_numpy(float), divergences,
+    health = score_health(*(table[column].to_numpy(float) for column in ("r_hat", "ess_bulk", "ess_tail")), sampler,
                           thresholds, rows)
     return {**health, "rows": rows, "groups": str(posterior.attrs.get("groups", ""))}

@@ -11,7 +11,9 @@ It loads every dataset and builds its model (cheap Python), as the fit stage doe
 * the path each structure will take: batchfit's cached callbacks, nutpie's own compile
   (with the reason: an op numba runs in object mode or cannot cache, a shared variable that is
   not ``pm.Data``, ...), found by building and compiling each structure's graphs as the
-  compile stage does, or ``pm.sample``'s own step methods (discrete free variables).
+  compile stage does, or ``pm.sample``'s own step methods (discrete free variables);
+* the sampler settings a structure's path cannot honour or its model does not fit
+  (`batchfit.fitting.sampler_settings.settings_problems`): its datasets would fail.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from batchfit.data.dataset import coerce_for_model, load_dataset
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
 from batchfit.fitting.fitter import kept_variables, reference_model
+from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
 from batchfit.model.model_file import baked_values, build_model, load_model_file, requirements
 from batchfit.model.variables import variable_roles
 
@@ -51,12 +54,15 @@ class Bucket:
     path: str = CACHED
     reasons: list[str] = field(default_factory=list)  # why a slower path, one per finding
     differences: list[str] = field(default_factory=list)  # how it differs from the reference's
+    settings: list[SettingProblem] = field(default_factory=list)  # sampler settings its path cannot honour
 
     def lines(self) -> list[str]:
         head = (f"structure {self.id[:12]}: {len(self.datasets)} dataset(s) ({_ids(self.datasets)}), "
                 f"{_PATHS[self.path]}")
         return [head, *(f"    differs: {d}" for d in self.differences),
-                *(f"    not fully compiled: {r}" for r in self.reasons)]
+                *(f"    not fully compiled: {r}" for r in self.reasons),
+                *(f"    sampler setting {p.key} cannot be honoured on this path, its datasets would fail: {p.message}"
+                  for p in self.settings)]
 
 
 @dataclass
@@ -76,7 +82,7 @@ class CheckReport:
     def ok(self) -> bool:
         """No dataset would fail and every dataset takes batchfit's fast path."""
         return (not self.dataset_problems and not self.own_compiles and not self.problems
-                and all(b.path == CACHED for b in self.buckets.values()))
+                and all(b.path == CACHED and not b.settings for b in self.buckets.values()))
 
     @property
     def fallbacks(self) -> list[str]:
@@ -113,11 +119,13 @@ class CheckReport:
         out += [f"  {problem}" for problem in self.problems]
         slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
         distinct = len(set(self.problem_reasons.values()))
+        unhonoured = sum(bool(bucket.settings) for bucket in self.buckets.values())
         out.append("check: ok" if self.ok else
                    f"check: {len(self.dataset_problems)} dataset(s) with {distinct} distinct problem(s), "
                    f"{len(self.problems)} sweep problem(s), "
                    f"{slow} structure(s) on a slower path, {len(self.own_compiles)} dataset(s) with a "
-                   "compile of their own")
+                   "compile of their own" + (f", {unhonoured} structure(s) whose path cannot take a sampler setting"
+                                             if unhonoured else ""))
         return out
 
 
@@ -164,9 +172,10 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
         needs_pymc = pymc_path_reason(representatives[structure])
         if needs_pymc:
             bucket.path, bucket.reasons = PYMC, [needs_pymc]
-            continue
-        bucket.reasons = fast_path_problems(representatives[structure])
-        bucket.path = NUTPIE if bucket.reasons else CACHED
+        else:
+            bucket.reasons = fast_path_problems(representatives[structure])
+            bucket.path = NUTPIE if bucket.reasons else CACHED
+        bucket.settings = settings_problems(config.sampler, bucket.path, representatives[structure])
     if len(report.buckets) > config.max_structures:
         report.problems.append(
             f"the datasets build {len(report.buckets)} model structures, more than max_structures: "

@@ -58,6 +58,8 @@ def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]
         cache, _, ref = prepare(config)
         fitter = Fitter(config, ref, cache, compile_workers=standby)
     structure = fitter.reference
+    # a sampler setting the reference's path cannot honour stops the sweep here, before any fit job
+    fitter.check_settings(structure, ref.model, ref.dataset, reference=True)
     return {"key": structure.key, "structure": structure.id, "path": structure.path,
             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
             "reference_fit": measure_fit(config, fitter)}
