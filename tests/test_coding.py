@@ -262,7 +262,7 @@ def test_a_planned_sweep_writes_its_registry_and_digests_when_its_run_starts(tmp
     (tmp_path / "m.py").write_text("def build_model(data):\n    pass\n")
     config = sweep(tmp_path, model=str(tmp_path / "m.py"), started=False)
     results = tmp_path / "results"
-    names = (coding_module.REGISTRY_NAME, provenance.DIGEST_CACHE_NAME)
+    names = (config.layout.coding_registry.name, config.layout.data_digests.name)
 
     write_plan(config, plan(config, cores=2))
     planned = {name: json.loads((results / name).read_text()) for name in names}
