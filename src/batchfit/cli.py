@@ -141,6 +141,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline
+    from batchfit.sweep.verdict import failure_report
 
     if args.command == "cache":
         return _cache(args)
@@ -189,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"fit: {failed} dataset(s) failed", file=sys.stderr)
     if args.command in ("collect", "run"):
         print(pipeline.run_collect(config, workers=args.workers).one_line())
-        failed_report = pipeline.failure_report(config)
+        failed_report = failure_report(config)
         if failed_report:
             print(failed_report, file=sys.stderr)
             return 1

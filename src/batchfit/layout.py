@@ -111,7 +111,7 @@ class ResultsLayout:
     @property
     def status_verdict(self) -> Path:
         """The status rule's output: the run's verdict, which the workflow's ``onsuccess`` prints last
-        (`batchfit.sweep.stages.end_of_run`)."""
+        (`batchfit.sweep.verdict.end_of_run`)."""
         return self.root / "status.txt"
 
     @property

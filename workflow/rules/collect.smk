@@ -27,7 +27,7 @@ rule status:
     """Write the run's verdict: the failed datasets, grouped by reason, which `end_run` prints last.
 
     It never fails: a run with failed datasets still exits non-zero, from onsuccess, but ends with
-    batchfit's lines rather than a failed rule's traceback (batchfit.sweep.stages.end_of_run).
+    batchfit's lines rather than a failed rule's traceback (batchfit.sweep.verdict.end_of_run).
     A `script:` rule, not `run:`: Snakemake runs `run:` jobs in a new Snakemake process that
     re-parses the Snakefile, whose plan (the pending datasets) has changed since the fits were
     written, so the job failed on missing batch manifests instead of reporting the failures.

@@ -76,7 +76,7 @@ onstart:
 
 def end_run(error=False):
     """End the run: print the status rule's verdict last, and exit non-zero when datasets failed
-    (`batchfit.sweep.stages.end_of_run`); and let Snakemake exit as soon as the run ends, not a
+    (`batchfit.sweep.verdict.end_of_run`); and let Snakemake exit as soon as the run ends, not a
     second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`).
 
     A function, so that a project using this workflow as a module can call it from its own
@@ -84,7 +84,7 @@ def end_run(error=False):
     since with failed datasets it ends the process. After a failed job (`error=True`) it prints the
     verdict, if there is one, and leaves the exit to Snakemake.
     """
-    from batchfit.sweep.stages import end_of_run  # here: parsing the Snakefile waits for no more imports
+    from batchfit.sweep.verdict import end_of_run  # here: parsing the Snakefile waits for no more imports
 
     end_snakemake_rate_timers()
     code, verdict = end_of_run(BF)

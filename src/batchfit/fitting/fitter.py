@@ -45,6 +45,7 @@ from batchfit.errors import (
 from batchfit.fitting.outcome import hint
 from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
 from batchfit.fitting.sampler_settings import (
+    PATH_WORDS,
     SettingProblem,
     nutpie_options,
     problems_line,
@@ -253,7 +254,7 @@ class Fitter:
             which = (f"the reference dataset '{dataset.id}' ({dataset.path}), and so every dataset of its model "
                      if reference else f"dataset '{dataset.id}' ({dataset.path}), of model ")
             raise ConfigError(
-                f"{which}structure {structure.id[:12]}, is fitted {_PATH_WORDS[structure.path]}, which cannot "
+                f"{which}structure {structure.id[:12]}, is fitted {PATH_WORDS[structure.path]}, which cannot "
                 f"take these sampler settings: {problems_line(problems)}", key=problems[0].key,
                 source=self.config.source)
 
@@ -392,12 +393,6 @@ class Fitter:
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree
-
-
-# How each path samples, for messages.
-_PATH_WORDS = {CACHED: "on batchfit's cached path (nutpie samples it)",
-               NUTPIE: "through nutpie's own compile (nutpie samples it)",
-               PYMC: "by pm.sample with PyMC's own step methods (it has discrete free variables)"}
 
 
 def sampled_trace(sampler: Any, model: Any) -> Any:

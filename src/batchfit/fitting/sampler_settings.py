@@ -26,12 +26,16 @@ import numpy as np
 
 from batchfit.compat.pymc import step_competences
 from batchfit.compile.sampler import StartPoint
-from batchfit.compile.structures import PYMC
+from batchfit.compile.structures import CACHED, NUTPIE, PYMC
 from batchfit.config import SamplerSettings
 from batchfit.model.python_mode import python_mode
 from batchfit.schema import config_schema
 
 # nutpie's own settings: `nutpie_options` passes them, pm.sample's own step methods have none of them.
+# How each path samples, for messages naming the path that cannot take a setting.
+PATH_WORDS = {CACHED: "on batchfit's cached path (nutpie samples it)",
+              NUTPIE: "through nutpie's own compile (nutpie samples it)",
+              PYMC: "by pm.sample with PyMC's own step methods (it has discrete free variables)"}
 NUTPIE_SETTINGS = ("adaptation", "mass_matrix_eigval_cutoff", "mass_matrix_gamma", "mass_matrix_switch_freq",
                    "early_window_switch_freq", "store_divergences", "store_unconstrained", "store_gradient",
                    "store_mass_matrix")

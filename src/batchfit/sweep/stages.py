@@ -1,4 +1,4 @@
-"""The sweep's stages as plain functions: plan, compile, fit, collect, status.
+"""The sweep's stages as plain functions: plan, compile, fit, collect, SBC (the run's verdict: `verdict`).
 
 The Snakemake rules (``scripts/*.py``) and the ``batchfit`` command line both call these, so a
 sweep behaves the same with or without Snakemake.
@@ -7,18 +7,13 @@ sweep behaves the same with or without Snakemake.
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import logging
 import resource
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from batchfit.cache.store import open_cache
-from batchfit.common.atomic import atomic_path
-from batchfit.common.grouping import grouped_lines
 from batchfit.common.standby import Standby
 from batchfit.compile.workers import compile_workers, worker_environment
 from batchfit.config import Config
@@ -26,7 +21,6 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import is_expected, one_line
 from batchfit.fitting.batch import after_sampling, fit_batch
 from batchfit.fitting.fitter import Fitter, prepare
-from batchfit.fitting.outcome import failure_reason
 from batchfit.fitting.provenance import expected_digests, recorded_digest
 from batchfit.outputs import summary_helpers
 from batchfit.outputs.collect import collect, stale_fits_error
@@ -133,72 +127,6 @@ def run_collect(config: Config, *, workers: int = 1) -> Any:
         if stale:
             raise stale_fits_error(stale, n_fits, config.layout.fit)
         return collect(config, dataset_ids, expected_provenance=expected, workers=helpers)
-
-
-def failure_report(config: Config) -> str | None:
-    """What a run with failed datasets ends with, None when every dataset was fitted: the count, one line
-    per distinct reason (`batchfit.common.grouping`) and where to look."""
-    datasets = discover_datasets(config)
-    reasons = {}
-    for path in sorted(config.layout.failures.glob("*.json")):
-        if path.stem in datasets:
-            try:
-                reasons[path.stem] = failure_reason(json.loads(path.read_text()))
-            except (OSError, ValueError, AttributeError) as exc:
-                reasons[path.stem] = f"unreadable failure record {path}: {exc}"
-    if not reasons:
-        return None
-    groups = grouped_lines(reasons)
-    return "\n".join([
-        f"batchfit: {len(reasons)} of {len(datasets)} dataset(s) failed{_fitted_counts(config)}, for "
-        f"{len(groups)} reason(s):",
-        *(f"  {line}" for line in groups),
-        f"batchfit: each failure, with the model's lines where its code failed: {config.layout.failures_csv}; "
-        f"one dataset: batchfit status --config {config.source} --dataset {next(iter(reasons))}",
-    ])
-
-
-def _fitted_counts(config: Config) -> str:
-    """`` (18 fitted: 15 ok, 3 warning)`` from datasets.csv, '' without one (before collect)."""
-    try:
-        with open(config.layout.datasets_csv, newline="") as file:
-            statuses = Counter(row["status"] for row in csv.DictReader(file))
-    except (OSError, KeyError, csv.Error):
-        return ""
-    fitted = statuses["ok"] + statuses["warning"]
-    return f" ({fitted} fitted: {statuses['ok']} ok, {statuses['warning']} warning)" if fitted else ""
-
-
-_OK = "ok: "  # how a verdict without failures starts
-
-
-def write_verdict(config: Config) -> str | None:
-    """The status rule: write the run's verdict (`failure_report`, or that every dataset was fitted) for
-    `end_of_run`; return the failure report, None when nothing failed."""
-    report = failure_report(config)
-    text = report if report else f"{_OK}batchfit: every dataset was fitted ({config.layout.datasets_csv})"
-    with atomic_path(config.layout.status_verdict) as tmp:
-        tmp.write_text(text + "\n")
-    return report
-
-
-def end_of_run(config: Config) -> tuple[int, str]:
-    """The exit status and last lines of a Snakemake run (its ``onsuccess``): 1 and the failure report when
-    the status rule found failed datasets, else 0 and nothing.
-
-    The status rule itself never fails: a failed rule's traceback made a finished sweep look like a
-    crash. Its verdict is removed once reported, so that the next run checks again rather than report
-    an old verdict (and a run of another target, such as ``snakemake sbc``, finds none).
-    """
-    path = config.layout.status_verdict
-    try:
-        text = path.read_text()
-    except OSError:
-        return 0, ""
-    if text.startswith(_OK):
-        return 0, ""
-    path.unlink(missing_ok=True)
-    return 1, text.rstrip("\n")
 
 
 def run_sbc(config: Config, *, threads: int = 1) -> SBCResult:
