@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from testkit import DISCRETE_FREE
 
 from batchfit.config import config_from_dict
 from batchfit.errors import ConfigError
@@ -68,21 +69,6 @@ FUNNEL = textwrap.dedent("""\
             scale = pm.Data("scale", data["scale"])
             v = pm.Normal("v", 0.0, 3.0)
             pm.Normal("x", 0.0, pm.math.exp(v / 2) * scale[0], shape=9)
-        return model
-""")
-
-# A whole-number slope: a discrete free variable, so pm.sample's own step methods (as in test_structures).
-DISCRETE = textwrap.dedent("""\
-    import pymc as pm
-
-    def build_model(data):
-        with pm.Model() as model:
-            x = pm.Data("x", data["x"])
-            y = pm.Data("y", data["y"])
-            k = pm.Binomial("k", n=10, p=0.5)
-            mu = pm.Normal("mu", 0.0, 5.0)
-            sigma = pm.HalfNormal("sigma", 2.0)
-            pm.Normal("obs", mu + k * x, sigma, observed=y, shape=x.shape)
         return model
 """)
 
@@ -285,7 +271,7 @@ def test_pm_sample_gets_step_initvals_max_treedepth_and_keeps_the_warmup(tmp_pat
 
     settings = {"step": {"k": "metropolis", "sigma": "slice"}, "initvals": {"k": 3, "mu": 1.0},
                 "max_treedepth": 4, "target_accept": 0.9, "discard_tuned_samples": False}
-    config = sweep(tmp_path, DISCRETE, {"d": sloped(1, 3)}, session_cache, settings)
+    config = sweep(tmp_path, DISCRETE_FREE, {"d": sloped(1, 3)}, session_cache, settings)
     [outcome] = fit(config, ["d"])
     assert outcome.status == "ok", outcome
     ours = tree_of(config, "d")

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 from posterior_checks import assert_same_posterior, reference_posteriors
+from testkit import DISCRETE_FREE
 
 from batchfit.config import config_from_dict
 from batchfit.fitting.batch import fit_batch
@@ -218,19 +219,6 @@ def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callba
 # A slope known to be a whole number: a discrete free variable, which NUTS cannot sample. pm.sample
 # gives it PyMC's Metropolis (and the intercept and noise NUTS); nutpie refuses the model. (It mixes
 # well, so the posteriors can be compared in Monte Carlo error; a change point's often does not.)
-DISCRETE_FREE = textwrap.dedent("""\
-    import pymc as pm
-
-    def build_model(data):
-        with pm.Model() as model:
-            x = pm.Data("x", data["x"])
-            y = pm.Data("y", data["y"])
-            k = pm.Binomial("k", n=10, p=0.5)
-            mu = pm.Normal("mu", 0.0, 5.0)
-            sigma = pm.HalfNormal("sigma", 2.0)
-            pm.Normal("obs", mu + k * x, sigma, observed=y, shape=x.shape)
-        return model
-""")
 
 
 def whole_slope(seed: int, slope: int, n_rows: int = 40) -> pd.DataFrame:

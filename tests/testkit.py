@@ -116,3 +116,20 @@ def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
     """The posterior draws of the fit file ``path``, by variable."""
     with xr.open_datatree(path, engine="h5netcdf") as tree:
         return {name: np.asarray(var.values) for name, var in tree["posterior"].to_dataset().data_vars.items()}
+
+
+# A slope known to be a whole number: a discrete free variable, which NUTS cannot sample, so a sweep fits it
+# with pm.sample's own step methods (Metropolis for the slope, NUTS for the rest); nutpie refuses the model.
+DISCRETE_FREE = """\
+import pymc as pm
+
+def build_model(data):
+    with pm.Model() as model:
+        x = pm.Data("x", data["x"])
+        y = pm.Data("y", data["y"])
+        k = pm.Binomial("k", n=10, p=0.5)
+        mu = pm.Normal("mu", 0.0, 5.0)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        pm.Normal("obs", mu + k * x, sigma, observed=y, shape=x.shape)
+    return model
+"""
