@@ -181,7 +181,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
                              provenance=job.provenance)
         job.stage = "write"
-        # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.dataset_row`)
+        # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
         tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
                            "wall_seconds": round(time.perf_counter() - job.started, 3)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
