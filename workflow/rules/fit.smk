@@ -8,7 +8,8 @@ rule fit:
     each retry; a retry fits only the datasets a killed attempt left.
     """
     input:
-        compiled=rules.compile.output[0],
+        compiled=rules.compile.output.stamp,
+        bundle=rules.compile.output.bundle,
         model=str(BF.model),
         data=batch_datasets,
     output:
