@@ -39,7 +39,7 @@ def fake_cache(root: Path, key: str = KEY) -> CacheDir:
 def test_bundle_round_trip_installs_an_identical_verified_entry(tmp_path):
     source = fake_cache(tmp_path / "source")
     bundle = tmp_path / "m.zip"
-    manifest = write_bundle(source, {KEY: read_entry(source, KEY)}, bundle)
+    manifest = write_bundle(source, {KEY: read_entry(source, KEY)}, bundle, shared_caches=True)
     assert bundle_keys(bundle) == [KEY] and manifest["keys"] == [KEY]
     target = CacheDir(tmp_path / "target")
     target.entries_dir.mkdir(parents=True)
@@ -55,7 +55,7 @@ def test_bundle_round_trip_installs_an_identical_verified_entry(tmp_path):
 def test_existing_files_of_pytensors_cache_are_kept(tmp_path):
     source = fake_cache(tmp_path / "source")
     bundle = tmp_path / "m.zip"
-    write_bundle(source, {KEY: read_entry(source, KEY)}, bundle)
+    write_bundle(source, {KEY: read_entry(source, KEY)}, bundle, shared_caches=True)
     target = CacheDir(tmp_path / "target")
     index = target.pytensor_dir / "numba" / "ab" / "fn.nbi"
     index.parent.mkdir(parents=True)
@@ -168,3 +168,12 @@ def test_cache_with_the_entry_never_reads_the_bundle(hierarchical_entry, tmp_pat
     broken.write_text("not a zip: reading it would fail")
     result = ready(hierarchical_entry, broken, data)
     assert result["hit"] and not result["installed"]
+
+
+def test_pytensors_cache_is_bundled_only_when_asked_for(tmp_path):
+    source = fake_cache(tmp_path / "source")
+    entry_only = write_bundle(source, {KEY: read_entry(source, KEY)}, tmp_path / "entry.zip")
+    with_caches = write_bundle(source, {KEY: read_entry(source, KEY)}, tmp_path / "all.zip", shared_caches=True)
+    assert set(with_caches["files"]) - set(entry_only["files"]) == {"pytensor/numba/ab/fn.nbi"}
+    assert sorted(entry_only["files"]) == [f"batchfit/entries/{KEY}.json", f"batchfit/numba/cb-{KEY}.1.nbc",
+                                           f"batchfit/numba/cb-{KEY}.nbi"]

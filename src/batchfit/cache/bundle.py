@@ -3,10 +3,10 @@
 Without a shared filesystem (Kubernetes, cloud batch systems, HTCondor: Snakemake moves every
 job's files through a storage plugin) each fit job starts with an empty ``cache_dir``. So the
 compile job also writes a bundle, a zip of the entries it compiled (their manifests and numba
-files) and of PyTensor's and numba's own file caches (the optional outputs' functions load from
-those), with a sha256 per member in its ``bundle.json``. A fit job's cache that lacks an entry
-installs it from the bundle (`install_entry`, called by `batchfit.cache.store.get_or_build` under
-the entry's lock); a cache that has it ignores the bundle.
+files), with a sha256 per member in its ``bundle.json``; and, for a sweep that asks for optional
+outputs, PyTensor's and numba's own file caches, which those outputs' functions load from. A fit
+job's cache that lacks an entry installs it from the bundle (`install_entry`, called by
+`batchfit.cache.store.get_or_build` under the entry's lock); a cache that has it ignores the bundle.
 
 A bundle is the same kind of machine code as the cache: it is only read from the sweep's own
 storage, which the user controls as they do ``cache_dir`` (docs/cache.md, Safety).
@@ -37,18 +37,21 @@ MANIFEST = "bundle.json"
 _SHARED_CACHES = ("pytensor/numba", "numba")
 
 
-def write_bundle(cache: CacheDir, entries: Mapping[str, Mapping[str, Any]], path: str | Path) -> dict[str, Any]:
+def write_bundle(cache: CacheDir, entries: Mapping[str, Mapping[str, Any]], path: str | Path, *,
+                 shared_caches: bool = False) -> dict[str, Any]:
     """Write the bundle of ``entries`` (key: verified manifest, `read_entry`) to ``path``; return its manifest.
 
-    Members are stored uncompressed: numba's object code is small, and a fit job should spend
-    its start sampling, not inflating.
+    ``shared_caches``: add PyTensor's and numba's file caches, whole (which of their files a
+    model's functions use is known to no index), for the optional outputs (`batchfit.compile.extras`);
+    a fit job's sampling loads nothing else from them. Members are stored uncompressed: numba's
+    object code is small, and a fit job should spend its start sampling, not inflating.
     """
     members = {}
     for key, entry in sorted(entries.items()):
         members[_relative(cache, cache.entry_path(key))] = cache.entry_path(key)
         for name in entry["files"]:
             members[_relative(cache, cache.numba_dir / name)] = cache.numba_dir / name
-    for sub in _SHARED_CACHES:
+    for sub in _SHARED_CACHES if shared_caches else ():
         for file in sorted((cache.root / sub).rglob("*")):
             if file.is_file() and not file.name.startswith("."):
                 members.setdefault(_relative(cache, file), file)

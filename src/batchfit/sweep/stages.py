@@ -64,7 +64,8 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
              "reference_fit": measure_fit(config, fitter)}
     if bundle is not None:  # after the measured fit, which may fill PyTensor's cache further
         entries = {structure.key: read_entry(cache, structure.key)} if structure.compiled is not None else {}
-        write_bundle(cache, entries, bundle)
+        outputs = config.outputs.log_likelihood or config.outputs.posterior_predictive
+        write_bundle(cache, entries, bundle, shared_caches=outputs)
     return stamp
 
 
