@@ -177,3 +177,27 @@ def test_pytensors_cache_is_bundled_only_when_asked_for(tmp_path):
     assert set(with_caches["files"]) - set(entry_only["files"]) == {"pytensor/numba/ab/fn.nbi"}
     assert sorted(entry_only["files"]) == [f"batchfit/entries/{KEY}.json", f"batchfit/numba/cb-{KEY}.1.nbc",
                                            f"batchfit/numba/cb-{KEY}.nbi"]
+
+
+def test_processes_on_one_empty_cache_install_the_bundle_once(hierarchical_entry, tmp_path):
+    """Three fit jobs start at once on one empty cache: one installs under the lock, the others load it."""
+    data = sorted((REPO / "data" / "example").glob("*.csv"))[0]
+    key = ready(hierarchical_entry, "-", data)["key"]
+    cache = CacheDir(hierarchical_entry)
+    bundle = tmp_path / "m.zip"
+    write_bundle(cache, {key: read_entry(cache, key)}, bundle)
+    empty = tmp_path / "job-cache"
+    env = {**os.environ, "PYTENSOR_FLAGS": f"base_compiledir={empty / 'pytensor'}",
+           "NUMBA_CACHE_DIR": str(empty / "numba")}
+    jobs = [subprocess.Popen([sys.executable, "-c", READY_SCRIPT, str(empty), str(HIERARCHICAL), str(bundle),
+                              str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(3)]
+    results = []
+    for job in jobs:
+        out, err = job.communicate(timeout=900)
+        assert job.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["hit"] and r["key"] == key and r["compiler_runs"] == 0 for r in results), results
+    assert sum(r["installed"] for r in results) == 1, results
+    assert read_entry(CacheDir(empty), key) == read_entry(cache, key)
+    assert not list((empty / "batchfit").glob(".bundle-*")), "a staging directory was left behind"
