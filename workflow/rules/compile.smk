@@ -5,11 +5,12 @@ rule compile:
 
     No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
     whatever its config file is called (the Snakefile has already validated the config).
-    The model is `ancient`: the stamp's and the bundle's names hold the model's content digest, so
-    touching the file without changing it must not compile again.
+    The model and its local imports are `ancient`: the stamp's and the bundle's names hold their
+    content digest, so touching a file without changing it must not compile again.
     """
     input:
         model=ancient(str(BF.model)),
+        imports=[ancient(f) for f in MODEL_IMPORTS],
     output:
         stamp=COMPILED,
         bundle=BUNDLE,

@@ -11,6 +11,7 @@ rule fit:
         compiled=rules.compile.output.stamp,
         bundle=rules.compile.output.bundle,
         model=str(BF.model),
+        imports=MODEL_IMPORTS,
         data=batch_datasets,
     output:
         LAYOUT.batch_manifest("{batch}"),

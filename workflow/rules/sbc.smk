@@ -30,6 +30,7 @@ rule sbc_fit:
         compiled=rules.compile.output.stamp,
         bundle=rules.compile.output.bundle,
         model=str(BF.model),
+        imports=MODEL_IMPORTS,
         data=lambda wildcards: [str(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
     output:
         SBC.batch_manifest("{batch}"),
