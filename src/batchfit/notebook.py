@@ -55,8 +55,8 @@ def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Mode
     try:
         ref = fitter.reference_model(config, discover_datasets(config))
     except BatchfitError:  # no dataset builds: this one's own error says why
-        return model_file.build_model(module, data)
-    return model_file.build_model(module, fitter.model_input(data, ref))
+        return model_file.build_model(module, data, config.params)
+    return model_file.build_model(module, fitter.model_input(data, ref), config.params)
 
 
 def _config(config_or_path: Config | str | Path) -> Config:

@@ -4,16 +4,17 @@ rule compile:
     No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
     whatever its config file is called (the Snakefile has already validated the config).
     The model is `ancient`: the stamp's name holds the model's content digest, so touching the
-    file without changing it must not compile again.
+    file without changing it must not compile again. One job per stamp: per variant in a sweep of
+    variants, but once for the variants that share a model and its parameters.
     """
     input:
-        model=ancient(str(BF.model)),
+        model=lambda wildcards: ancient(str(STAMPS[wildcards.stamp].model)),
     output:
         COMPILED,
     log:
-        LAYOUT.log("compile"),
+        BF.layout.log("compile/{stamp}"),
     benchmark:
-        LAYOUT.benchmark("compile")
+        BF.layout.benchmark("compile/{stamp}")
     conda:
         "../envs/batchfit.yaml"
     # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).

@@ -8,8 +8,8 @@ rule fit:
     each retry; a retry fits only the datasets a killed attempt left.
     """
     input:
-        compiled=rules.compile.output[0],
-        model=str(BF.model),
+        compiled=compiled_stamp,
+        model=lambda wildcards: str(bf(wildcards).model),
         data=batch_datasets,
     output:
         LAYOUT.batch_manifest("{batch}"),

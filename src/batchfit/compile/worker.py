@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset-path", required=True)
     parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
+    parser.add_argument("--params", default="{}", help="build_model's keyword parameters (JSON)")
     parser.add_argument("--part", choices=sorted(PARTS), default="all", help="what of the entry to compile")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
     coding = json.loads(args.coding)
     dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None)
-    model = build_model(load_model_file(Path(args.model_file)), dataset)
+    model = build_model(load_model_file(Path(args.model_file)), dataset, json.loads(args.params))
     with collector_paused():
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)

@@ -152,7 +152,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
             dataset = load_dataset(dataset_id, path, ref.coding)
             dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
                                                            **coerce_for_model(dataset, ref.requirements)})
-            model = build_model(module, dataset)
+            model = build_model(module, dataset, config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
             continue
@@ -192,7 +192,7 @@ def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, st
     module, coding = load_model_file(config.model), sweep_coding(config, paths)
     for dataset_id, path in paths.items():
         try:
-            build_model(module, load_dataset(dataset_id, path, coding))
+            build_model(module, load_dataset(dataset_id, path, coding), config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
     return report

@@ -52,7 +52,7 @@ def debug_dataset(config: Config, dataset_id: str, *, draws: int = 200, tune: in
     size = format_groups(dataset.groups)
     yield f"dataset {dataset_id} ({path}): {dataset.n_rows} rows" + (f", groups {size}" if size else "")
     module = load_model_file(config.model)
-    model = build_model(module, model_input(dataset, ref) if ref else dataset)
+    model = build_model(module, model_input(dataset, ref) if ref else dataset, config.params)
     if ref is None:  # it built, but no dataset of the sweep's first ones does: say why
         reference_model(config, paths)
     yield from model_lines(model)
