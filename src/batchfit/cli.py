@@ -119,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
 def _config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the sweep's YAML config (relative paths in it: to the "
                                                         "current directory)")
+    parser.add_argument("--variant", metavar="ID", help="in a sweep of variants (docs/variants.md), the variant "
+                                                        "to work on (status: default every variant)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,6 +144,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline
     from batchfit.sweep.verdict import failure_report
+    from batchfit.variants import one_variant
 
     if args.command == "cache":
         return _cache(args)
@@ -163,9 +166,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from batchfit.sweep import status
 
-        report = status.dataset_status(config, args.dataset) if args.dataset else status.sweep_status(config)
-        print("\n".join(report.lines()))
+        print("\n".join(status.status_lines(config, dataset=args.dataset, variant=args.variant)))
         return 0
+    config = one_variant(config, args.variant)
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
         from batchfit.sweep.stages import run_sbc

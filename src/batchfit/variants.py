@@ -69,6 +69,22 @@ def variant_configs(config: Config) -> dict[str, Config]:
     return configs
 
 
+def one_variant(config: Config, variant: str | None) -> Config:
+    """The config a command runs with: ``variant``'s own, or ``config`` itself for a sweep without variants.
+
+    A sweep of variants needs the variant named (`configs_of` gives them all); an unknown one is an
+    error listing the ids.
+    """
+    configs = variant_configs(config)
+    if variant is None and not configs:
+        return config
+    if variant is None or variant not in configs:
+        listed = ", ".join(configs) or "none: the config has no variants or grid"
+        what = "this config sweeps variants: name one" if variant is None else f"no variant {variant!r}"
+        raise ConfigError(f"{what} (its variants: {listed})", key="variants", source=config.source)
+    return configs[variant]
+
+
 def configs_of(config: Config) -> dict[str | None, Config]:
     """The configs a sweep fits: each variant's by id, or the config itself under None."""
     return dict(variant_configs(config)) or {None: config}
