@@ -173,3 +173,68 @@ def test_adding_a_variant_to_a_finished_sweep_fits_only_it_and_editing_one_refit
     dry = snakemake(tmp_path, config, "--dry-run")
     assert planned_jobs(dry)["fit"] == 1 and "results/wide/batches/" in dry.stdout, output_of(dry)[-3000:]
     assert "results/student/batches/" not in dry.stdout and "results/normal/batches/" not in dry.stdout
+
+
+SCALE_MODEL = """\
+import pymc as pm
+
+
+def build_model(data, prior_scale=1.0, how="data"):
+    with pm.Model() as model:
+        x = pm.Data("x", data["x"])
+        y = pm.Data("y", data["y"])
+        scale = pm.Data("prior_scale", data["prior_scale"]) if how == "data" else prior_scale
+        b = pm.Normal("b", 0.0, scale)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y_obs", b * x, sigma, observed=y, shape=x.shape)
+    return model
+"""
+
+
+def scale_sweep(root: Path, cache: Path) -> Path:
+    """A grid of prior scales, the scale entering as pm.Data or as a constant (SCALE_MODEL), over 2 datasets."""
+    from batchfit.model.simulate import simulate_datasets
+
+    simulate_datasets(Path(__file__).parents[1] / "models" / "hierarchical.py", root / "data", 2, seed=3, prefix="s")
+    (root / "scale.py").write_text(SCALE_MODEL)
+    return write_config(root / "scales.yaml", {
+        "model": "scale.py", "datasets": ["data/*.csv"], "cache_dir": str(cache), "results_dir": "results",
+        "sampler": {"draws": 200, "tune": 200, "chains": 2, "seed": 5},
+        "grid": {"params.prior_scale": [0.001, 1000.0], "params.how": ["data", "const"]}})
+
+
+def test_a_number_param_in_pm_data_shares_one_structure_and_a_constant_one_does_not(tmp_path, monkeypatch):
+    from batchfit.compile.fingerprint import structure_of
+    from batchfit.data.discovery import discover_datasets
+    from batchfit.fitting.fitter import reference_model
+    from batchfit.sweep.check import param_lines
+
+    monkeypatch.chdir(tmp_path)
+    configs = variant_configs(load_config(scale_sweep(tmp_path, tmp_path / "cache")))
+    models = {v: reference_model(c, discover_datasets(c)).model for v, c in configs.items()}
+    structures = {v: structure_of(m) for v, m in models.items()}
+    data = [structures[f"prior_scale~{s}_how~data"] for s in (0.001, 1000.0)]
+    const = [structures[f"prior_scale~{s}_how~const"] for s in (0.001, 1000.0)]
+    assert data[0] == data[1] and const[0] != const[1] and data[0] not in const
+    shared = param_lines(configs["prior_scale~0.001_how~data"].params, models["prior_scale~0.001_how~data"])
+    assert shared[0] == "param prior_scale = 0.001: enters as pm.Data 'prior_scale', so every value shares one compile"
+    own = param_lines(configs["prior_scale~0.001_how~const"].params, models["prior_scale~0.001_how~const"])
+    assert own[0].startswith("param prior_scale = 0.001: no pm.Data: a value that changes the model's graph")
+
+
+def test_variants_sharing_a_compile_each_sample_with_their_own_parameter(tmp_path, session_cache):
+    """Two prior scales through one compiled structure: each fit's prior is its own (its pm.Data value)."""
+    config = scale_sweep(tmp_path, session_cache)
+    for scale in (0.001, 1000.0):
+        run = subprocess.run([sys.executable, "-m", "batchfit.cli", "run", "--config", config.name, "--variant",
+                              f"prior_scale~{scale}_how~data"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    fits = {scale: xr.open_datatree(tmp_path / "results" / f"prior_scale~{scale}_how~data" / "fits" / "s_000.nc")
+            for scale in (0.001, 1000.0)}
+    assert fits[0.001].attrs["compile_key"] == fits[1000.0].attrs["compile_key"]  # one compile
+    for scale, tree in fits.items():
+        assert float(tree["constant_data"]["prior_scale"]) == scale
+    # b's prior sd 0.001 holds it at 0; with 1000 the data decide (the simulated slope is 0.7)
+    assert float(np.abs(fits[0.001]["posterior"]["b"]).max()) < 0.01
+    assert float(fits[1000.0]["posterior"]["b"].mean()) > 0.3

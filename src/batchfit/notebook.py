@@ -40,7 +40,7 @@ def load_dataset(config_or_path: Config | str | Path, dataset_id: str, variant: 
                            f"config {config.source}); the id is the file name without its suffix (see "
                            "batchfit check for the ids of files whose names are no usable ids)",
                            dataset=dataset_id)
-    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths), config.params)
 
 
 def build_model(config_or_path: Config | str | Path, dataset_id: str, variant: str | None = None) -> pm.Model:

@@ -87,8 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.captureWarnings(True)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
     coding = json.loads(args.coding)
-    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None)
-    model = build_model(load_model_file(Path(args.model_file)), dataset, json.loads(args.params))
+    params = json.loads(args.params)
+    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None,
+                           params)
+    model = build_model(load_model_file(Path(args.model_file)), dataset, params)
     with collector_paused():
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)

@@ -95,7 +95,7 @@ def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
     errors: dict[str, BatchfitError] = {}
     for dataset_id, path in paths.items():
         try:
-            dataset = load_dataset(dataset_id, path, coding)
+            dataset = load_dataset(dataset_id, path, coding, config.params)
             model = build_model(module, dataset, config.params)
             reqs = requirements(model)
             check_dataset(dataset, reqs)
