@@ -43,3 +43,4 @@ rule all:
         variant_paths(rules.status.output[0]),
         REPORT_TARGETS,
         rules.compare.output if VARIANTS else [],
+        SENSITIVITY_TARGETS,

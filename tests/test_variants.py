@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 import yaml
-from testkit import VARIANTS, mtimes, output_of, planned_jobs, snakemake, write_config
+from testkit import VARIANTS, mtimes, output_of, planned_jobs, snakemake, write_config, write_sweep
 
 import batchfit
 from batchfit.config import config_from_dict, load_config
@@ -112,6 +112,8 @@ def test_each_variant_fits_its_own_model_with_its_params_in_the_provenance(varia
             assert yaml.safe_load(tree.attrs["params"]) == overrides["params"]
     with batchfit.open_results(variant_sweep, variant="student") as student:
         assert student.dataset_ids == ["shop_000", "shop_001", "shop_002"]
+        sensitivity = pd.read_csv(results / variant / "sensitivity.csv", keep_default_na=False)  # the rule ran
+        assert sorted(sensitivity["dataset"].unique()) == ["shop_000", "shop_001", "shop_002"]
     model = batchfit.build_model(load_config(variant_sweep), "shop_001", variant="student")
     assert type(model["y_obs"].owner.op).__name__ == "StudentTRV"
 
@@ -238,3 +240,42 @@ def test_variants_sharing_a_compile_each_sample_with_their_own_parameter(tmp_pat
     # b's prior sd 0.001 holds it at 0; with 1000 the data decide (the simulated slope is 0.7)
     assert float(np.abs(fits[0.001]["posterior"]["b"]).max()) < 0.01
     assert float(fits[1000.0]["posterior"]["b"].mean()) > 0.3
+
+
+def test_sensitivity_needs_the_log_likelihood():
+    with pytest.raises(ConfigError, match="needs each fit's log-likelihood") as error:
+        config_from_dict(BASE | {"outputs": {"sensitivity": True}})
+    assert error.value.key == "outputs.sensitivity"
+
+
+def test_sensitivity_csv_is_psense_summary_of_each_fit_whose_log_prior_is_pymcs(tmp_path, session_cache, monkeypatch):
+    """outputs.sensitivity: each fit keeps pm.compute_log_prior's log_prior; sensitivity.csv is psense_summary's."""
+    import pymc as pm
+
+    from batchfit.outputs.sensitivity import COLUMNS, THRESHOLD, write_sensitivity
+
+    config = write_config(tmp_path / "sens.yaml", yaml.safe_load(write_sweep(tmp_path, session_cache, 2).read_text())
+                          | {"outputs": {"log_likelihood": True, "sensitivity": True}})
+    run = subprocess.run([sys.executable, "-m", "batchfit.cli", "run", "--config", config.name], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config(config)
+    write_sensitivity(loaded)
+    table = pd.read_csv(tmp_path / "results" / "sensitivity.csv", keep_default_na=False)
+    assert list(table.columns) == COLUMNS and sorted(table["dataset"].unique()) == ["shop_000", "shop_001"]
+    for dataset_id in ("shop_000", "shop_001"):
+        with xr.open_datatree(tmp_path / "results" / "fits" / f"{dataset_id}.nc") as tree:
+            expected = arviz_stats.psense_summary(tree, threshold=THRESHOLD, round_to=16)
+            theirs = pm.stats.compute_log_prior(tree.copy(), model=batchfit.build_model(loaded, dataset_id),
+                                          extend_inferencedata=False, progressbar=False)
+            for name, values in theirs.data_vars.items():
+                np.testing.assert_allclose(tree["log_prior"][name].values, values.values, rtol=1e-10)
+        rows = table[table["dataset"] == dataset_id].set_index("parameter")
+        assert list(rows.index) == list(expected.index)
+        np.testing.assert_allclose(rows[["prior", "likelihood"]].values, expected[["prior", "likelihood"]].values)
+        assert list(rows["diagnosis"]) == list(expected["diagnosis"])
+    page = (tmp_path / "results" / "report" / "sensitivity.html").read_text()
+    fitted = table.groupby("parameter").size()  # a group's element is in the datasets that have the group
+    sensitive = table[table["prior"] > THRESHOLD].groupby("parameter").size().reindex(fitted.index, fill_value=0)
+    assert all(f"<td>{p}</td><td>{fitted[p]}</td><td>{n}</td>" in page for p, n in sensitive.items())

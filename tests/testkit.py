@@ -94,9 +94,11 @@ VARIANTS = {"normal": {"params": {"noise": "normal"}}, "student": {"params": {"n
 
 
 def write_variant_sweep(root: Path, cache: Path, n: int) -> Path:
-    """`write_sweep`'s ``n`` datasets and config, sweeping `VARIANTS` (batches of 3: one fit job a variant)."""
+    """`write_sweep`'s ``n`` datasets and config, sweeping `VARIANTS` (batches of 3: one fit job a variant),
+    with the sensitivity rule on."""
     config = write_sweep(root, cache, n)
-    return write_config(config, yaml.safe_load(config.read_text()) | {"variants": VARIANTS, "batch_size": 3})
+    return write_config(config, yaml.safe_load(config.read_text()) | {"variants": VARIANTS, "batch_size": 3,
+                                                                      "outputs": {"sensitivity": True}})
 
 
 def table(seed: int, n_rows: int, n_groups: int) -> pd.DataFrame:

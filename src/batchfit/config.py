@@ -72,6 +72,7 @@ class OutputSettings:
     posterior_predictive: bool
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    sensitivity: bool = False  # each fit keeps its log_prior too, for power-scaling sensitivity (psense)
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,9 @@ def _build(d: dict[str, Any], source: str) -> Config:
         d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})
     _check_sampler(config.sampler, source)
+    if config.outputs.sensitivity and not config.outputs.log_likelihood:
+        raise ConfigError("power-scaling sensitivity scales the likelihood too, so it needs each fit's "
+                          "log-likelihood: set outputs.log_likelihood: true", key="outputs.sensitivity", source=source)
     return config
 
 

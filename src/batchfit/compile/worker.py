@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     outputs = json.loads(args.outputs)
     try:
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
-            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))), args.part)
+            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive")),
+            sensitivity=bool(outputs.get("sensitivity"))), args.part)
     except CachedPathUnsupported as exc:
         print(json.dumps({"unsupported": str(exc)}))
         return UNSUPPORTED_EXIT
