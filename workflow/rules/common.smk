@@ -23,8 +23,9 @@ validate(config, "../schemas/config.schema.yaml")
 CONFIGS = configs_of(BF)
 VARIANTS = [variant for variant in CONFIGS if variant is not None]
 LAYOUT = BF.layout.variant("{variant}") if VARIANTS else BF.layout
-# Compile stamps, by name: variants that share a model and its parameters share one compile.
-STAMPS = {compile_stamp_path(c).stem: c for c in CONFIGS.values()}
+# Compile stamps, by name: variants that share a model and its parameters share one compile. The
+# sweep's own config's too: an SBC run (workflow/rules/sbc.smk) fits it, without its variants.
+STAMPS = {compile_stamp_path(c).stem: c for c in [BF, *CONFIGS.values()]}
 COMPILED = compile_stamp_path(BF).parent / "{stamp}.json"
 
 

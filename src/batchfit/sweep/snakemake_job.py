@@ -32,9 +32,9 @@ def snakemake_config(config: Mapping[str, Any], source: str, variant: str | None
 
 
 def stamp_config(config: Config, stamp: str) -> Config:
-    """The config (a variant's, in a sweep of variants) whose compile stamp is named ``stamp``: what a
-    compile job compiles. Variants sharing a model and its parameters share one stamp, one compile."""
-    for candidate in configs_of(config).values():
+    """The config (a variant's, in a sweep of variants, or the sweep's own for SBC) whose compile stamp is named
+    ``stamp``: what a compile job compiles. Variants sharing a model and its parameters share one stamp, one compile."""
+    for candidate in [*configs_of(config).values(), config]:
         if compile_stamp_path(candidate).stem == stamp:
             return candidate
     raise BatchfitError(f"no config of the sweep ({config.source}) has the compile stamp {stamp}")
