@@ -69,11 +69,11 @@ def compare_dataset(fits: Mapping[str, Path]) -> pd.DataFrame:
 
 
 def comparisons(config: Config) -> Iterator[pd.DataFrame]:
-    """Every dataset's rows, a dataset at a time: those at least two variants fitted, in the first variant's order."""
+    """Every dataset's rows, a dataset at a time: those at least two variants fitted, in the sweep's order."""
     configs = compared_variants(config)
-    fitted = {variant: set(fitted_datasets(c)) for variant, c in configs.items()}
-    order = list(dict.fromkeys(d for c in configs.values() for d in fitted_datasets(c)))
-    for dataset_id in order:
+    listed = {variant: fitted_datasets(c) for variant, c in configs.items()}
+    fitted = {variant: set(ids) for variant, ids in listed.items()}
+    for dataset_id in dict.fromkeys(d for ids in listed.values() for d in ids):
         fits = {variant: c.layout.fit(dataset_id) for variant, c in configs.items() if dataset_id in fitted[variant]}
         if len(fits) < 2:
             log.warning("compare: dataset %s left out, fitted by %d variant(s) only", dataset_id, len(fits))
