@@ -118,7 +118,8 @@ def test_each_variant_fits_its_own_model_with_its_params_in_the_provenance(varia
     assert type(model["y_obs"].owner.op).__name__ == "StudentTRV"
 
 
-def test_open_results_stacks_the_variants_and_status_reports_each(variant_sweep, monkeypatch):
+def test_open_results_stacks_the_variants_and_status_and_compare_commands_take_them(variant_sweep, monkeypatch,
+                                                                                     tmp_path):
     monkeypatch.chdir(variant_sweep.parent)  # the config's paths are relative to the project folder
     results = variant_sweep.parent / "results"
     for source in (variant_sweep, results):
@@ -142,6 +143,12 @@ def test_open_results_stacks_the_variants_and_status_reports_each(variant_sweep,
         "  time left: none, nothing is pending",
         "variant student (results/student):", "  3 dataset(s): 3 fitted, 0 pending, 0 failed",
         "  time left: none, nothing is pending"]
+    shutil.copytree(variant_sweep.parent, tmp_path / "copy")  # the command line's compare: the rule's table
+    again = subprocess.run([sys.executable, "-m", "batchfit.cli", "compare", "--config", variant_sweep.name],
+                           cwd=tmp_path / "copy", capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "copy" / "results" / "comparison.csv"),
+                                  pd.read_csv(results / "comparison.csv"))
     unknown = subprocess.run([sys.executable, "-m", "batchfit.cli", "check", "--config", variant_sweep.name,
                               "--variant", "wide"], cwd=variant_sweep.parent, capture_output=True, text=True,
                              timeout=300)
