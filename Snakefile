@@ -21,6 +21,7 @@ include: "workflow/rules/fit.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/sbc.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/compare.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
@@ -38,6 +39,8 @@ localrules:
 rule all:
     default_target: True
     input:
-        rules.collect.output,
-        rules.status.output,
+        [path for output in rules.collect.output for path in variant_paths(output)],
+        variant_paths(rules.status.output[0]),
         REPORT_TARGETS,
+        rules.compare.output if VARIANTS else [],
+        SENSITIVITY_TARGETS,

@@ -12,8 +12,14 @@ import pandas as pd
 import pymc as pm
 
 
-def build_model(data):
-    """One intercept per group, partially pooled; a common slope and noise scale."""
+def build_model(data, noise="normal"):
+    """One intercept per group, partially pooled; a common slope and noise scale.
+
+    ``noise``: "normal", or "student" for Student-t noise with 4 degrees of freedom, robust to
+    outliers (config `params`; config/variants.yaml fits both and compares them, docs/variants.md).
+    """
+    if noise not in ("normal", "student"):
+        raise ValueError(f"noise must be 'normal' or 'student', got {noise!r}")
     with pm.Model(coords={"groups": data.coords["group"]}) as model:
         x = pm.Data("x", data["x"])
         group = pm.Data("group", data["group"])
@@ -23,7 +29,10 @@ def build_model(data):
         a = pm.Normal("a", mu_a, sigma_a, dims="groups")
         b = pm.Normal("b", 0.0, 2.0)
         sigma = pm.HalfNormal("sigma", 2.0)
-        pm.Normal("y_obs", a[group] + b * x, sigma, observed=y, shape=x.shape)
+        if noise == "student":
+            pm.StudentT("y_obs", nu=4.0, mu=a[group] + b * x, sigma=sigma, observed=y, shape=x.shape)
+        else:
+            pm.Normal("y_obs", a[group] + b * x, sigma, observed=y, shape=x.shape)
     return model
 
 

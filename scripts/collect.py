@@ -5,7 +5,7 @@ from batchfit.common.quick_exit import quick_exit
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
 from batchfit.sweep.stages import run_collect
 
-config = snakemake_config(snakemake.config, snakemake.params.config_source)
+config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 with log_to(snakemake.log[0]):
     logging.getLogger("batchfit").info(run_collect(config, workers=snakemake.threads).one_line())
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

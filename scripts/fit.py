@@ -4,7 +4,7 @@ from batchfit.sweep.plan import still_pending
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 # The config first: it sets the CPU target numba compiles for, before batchfit.fitting loads numba.
-config = snakemake_config(snakemake.config, snakemake.params.config_source)
+config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 from batchfit.fitting.batch import fit_batch  # noqa: E402
 
 with log_to(snakemake.log[0]):

@@ -9,7 +9,7 @@ from batchfit.common.quick_exit import quick_exit
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
 from batchfit.sweep.verdict import write_verdict
 
-config = snakemake_config(snakemake.config, snakemake.params.config_source)
+config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 with log_to(snakemake.log[0]):
     report = write_verdict(config)
     if report:

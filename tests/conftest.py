@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import venvs
-from testkit import HIERARCHICAL, REPO, write_config
+from testkit import HIERARCHICAL, REPO, snakemake, write_config, write_variant_sweep
 
 _KEEP = "BATCHFIT_TEST_CACHE" in os.environ  # given by the user, or inherited by an xdist worker
 _NEW_CACHE = Path(tempfile.gettempdir()) / f"batchfit-tests-{os.getpid()}"
@@ -56,6 +56,17 @@ def hierarchical_entry(session_cache: Path, tmp_path_factory: pytest.TempPathFac
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"compiling the hierarchical model failed:\n{run.stdout}\n{run.stderr[-3000:]}"
     return session_cache
+
+
+@pytest.fixture(scope="session")
+def variant_sweep(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished sweep of two variants (testkit.VARIANTS) of 3 datasets, run by Snakemake: its config file.
+    Left as it is: a test that changes it works on a copy."""
+    root = tmp_path_factory.mktemp("variant-sweep")
+    config = write_variant_sweep(root, session_cache, 3)
+    run = snakemake(root, config)
+    assert run.returncode == 0, f"the variant sweep failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    return config
 
 
 @pytest.fixture

@@ -76,7 +76,8 @@ def test_a_fit_records_its_provenance(fitted: Path, session_cache: Path) -> None
         defaults = {name: spec["default"] for name, spec in specs.items()}
         assert recorded == {**defaults, **SAMPLER} and set(recorded) == set(defaults)
         assert json.loads(attrs["outputs"]) == {"log_likelihood": False, "posterior_predictive": False,
-                                                  "var_names": None, "filter_vars": None}
+                                                  "var_names": None, "filter_vars": None, "sensitivity": False}
+        assert json.loads(attrs["params"]) == {}  # build_model's keyword parameters (#48)
         assert attrs["model_hash"] == hashlib.sha256(MODEL.read_bytes()).hexdigest()
         assert attrs["data_sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
         versions = json.loads(attrs["versions"])
@@ -109,6 +110,8 @@ def test_nothing_is_pending_after_the_fit(fitted: Path, session_cache: Path) -> 
     pytest.param({"sampler": {"adaptation": "low_rank", "mass_matrix_gamma": 1e-3}}, id="gamma"),
     pytest.param({"outputs": {"log_likelihood": True}}, id="log_likelihood"),
     pytest.param({"outputs": {"posterior_predictive": True}}, id="posterior_predictive"),
+    pytest.param({"outputs": {"log_likelihood": True, "sensitivity": True}}, id="sensitivity"),
+    pytest.param({"params": {"prior_scale": 2.0}}, id="params"),
 ])
 def test_a_changed_setting_makes_every_dataset_pending(fitted: Path, session_cache: Path, changes: dict) -> None:
     assert pending(config_from_dict(settings(fitted, session_cache, **changes))) == IDS

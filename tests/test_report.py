@@ -30,6 +30,7 @@ from batchfit.fitting.batch import fit_batch
 from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR
 from batchfit.outputs.collect import collect
 from batchfit.outputs.combined import SweepLayout, fit_layout, stacked_writer
+from batchfit.outputs.compare import K_COLUMN
 from batchfit.outputs.health import DATASET_COLUMNS
 from batchfit.outputs.plots import (
     ForestRows,
@@ -624,3 +625,39 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
         assert f"first fit sampled\t{sampled[0]}" in text and f"last fit sampled\t{sampled[-1]}" in text
         context.close()
     assert errors == []
+
+
+def test_the_comparison_page_of_a_sweep_of_variants_opens_in_chromium(variant_sweep, tmp_path):
+    """The compare rule's page in Snakemake's report (#48): wins per variant and the unreliable comparisons."""
+    browser_path = chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed (pip install -e '.[test]')")
+    shutil.copytree(variant_sweep.parent, tmp_path, dirs_exist_ok=True)  # the report's run leaves the fixture as it is
+    made = snakemake(tmp_path, tmp_path / variant_sweep.name, "--report", "report.html")
+    assert made.returncode == 0, made.stderr[-3000:]
+    comparison = pd.read_csv(tmp_path / "results" / "comparison.csv")
+    winners = comparison[comparison["rank"] == 0]["variant"].value_counts()
+    unreliable = sorted(set(comparison[comparison[K_COLUMN] > 0]["dataset"]))
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=browser_path, args=CHROMIUM_FLAGS[1:],
+            headless=True, viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.goto((tmp_path / "report.html").as_uri())
+        page.get_by_role("link", name="0. Variants").click()
+        page.locator("tr", has_text="variants compared per dataset").locator("a").first.click()
+        page.wait_for_timeout(300)
+        frames = [f for f in page.frames if f.url.startswith("data:text/html")]
+        assert len(frames) == 1, [f.url[:60] for f in page.frames]
+        text = frames[0].inner_text("body")
+        context.close()
+    assert errors == []
+    assert "Wins per variant" in text and f"Unreliable comparisons ({len(unreliable)} dataset(s))" in text
+    for variant in comparison["variant"].unique():  # variant, datasets compared, wins
+        assert f"{variant}\t{(comparison['variant'] == variant).sum()}\t{winners.get(variant, 0)}\t" in text
+    assert all(f"{d}\t" in text for d in comparison["dataset"])

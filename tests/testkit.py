@@ -89,6 +89,18 @@ def write_sweep(root: Path, cache: Path, n: int) -> Path:
         columns={"group": {"scope": "dataset"}}))  # each shop's groups are its own
 
 
+# Two variants of the bundled model: its noise Normal or Student-t (a build_model parameter, docs/variants.md).
+VARIANTS = {"normal": {"params": {"noise": "normal"}}, "student": {"params": {"noise": "student"}}}
+
+
+def write_variant_sweep(root: Path, cache: Path, n: int) -> Path:
+    """`write_sweep`'s ``n`` datasets and config, sweeping `VARIANTS` (batches of 3: one fit job a variant),
+    with the sensitivity rule on."""
+    config = write_sweep(root, cache, n)
+    return write_config(config, yaml.safe_load(config.read_text()) | {"variants": VARIANTS, "batch_size": 3,
+                                                                      "outputs": {"sensitivity": True}})
+
+
 def table(seed: int, n_rows: int, n_groups: int) -> pd.DataFrame:
     """A clean dataset for the hierarchical model (columns group, x, y)."""
     rng = np.random.default_rng([7, seed])

@@ -9,6 +9,8 @@
     batchfit run     --config CONFIG          compile, fit and collect
     batchfit sbc     --config CONFIG          simulation-based calibration; exit 1 unless it passes
     batchfit status  --config CONFIG [--dataset ID]   where the sweep stands, read from its files
+    batchfit compare --config CONFIG          a sweep of variants compared per dataset (comparison.csv)
+    batchfit sensitivity --config CONFIG      power-scaling sensitivity of every fit (sensitivity.csv)
     batchfit cache info|verify|prune|clear --config CONFIG (or --cache-dir DIR)
     batchfit simulate --model FILE --n N --out DIR   synthetic datasets from simulate()
     batchfit --version
@@ -45,7 +47,10 @@ _STAGES = (("check", "check datasets and that the model compiles fully with numb
            ("collect", "combine the fits into posteriors.nc, summary.csv, datasets.csv, failures.csv; "
                        "exit 1 if any failed"),
            ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
-           ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"))
+           ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"),
+           ("compare", "a sweep of variants, each collected: compare them per dataset by PSIS-LOO (comparison.csv)"),
+           ("sensitivity", "outputs.sensitivity, once collected: power-scaling sensitivity of every fit "
+                           "(sensitivity.csv)"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("directory", nargs="?", default=".", help="the project folder (created if missing)")
     for name, text in _STAGES:
         p = command(name, text)
-        _config_option(p)
+        _config_option(p, variant=name != "compare")
         if name in ("fit", "run", "sbc"):
             p.add_argument("--threads", type=int, default=1,
                            help="threads for a dataset's chains (and processes for a compile: two at most)")
@@ -116,9 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_option(parser: argparse.ArgumentParser) -> None:
+def _config_option(parser: argparse.ArgumentParser, *, variant: bool = True) -> None:
     parser.add_argument("--config", required=True, help="the sweep's YAML config (relative paths in it: to the "
                                                         "current directory)")
+    if variant:  # compare takes every variant
+        parser.add_argument("--variant", metavar="ID", help="in a sweep of variants (docs/variants.md), the variant "
+                                                            "to work on (status: default every variant)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,6 +150,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline
     from batchfit.sweep.verdict import failure_report
+    from batchfit.variants import one_variant
 
     if args.command == "cache":
         return _cache(args)
@@ -163,9 +172,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from batchfit.sweep import status
 
-        report = status.dataset_status(config, args.dataset) if args.dataset else status.sweep_status(config)
-        print("\n".join(report.lines()))
+        print("\n".join(status.status_lines(config, dataset=args.dataset, variant=args.variant)))
         return 0
+    if args.command == "compare":
+        from batchfit.outputs.compare import write_comparison
+
+        print(f"compare: wrote {', '.join(map(str, write_comparison(config)))}")
+        return 0
+    config = one_variant(config, args.variant)
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
         from batchfit.sweep.stages import run_sbc
@@ -175,6 +189,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0 if result.passed else 1
     if args.command == "debug":
         return _debug(args, config)
+    if args.command == "sensitivity":
+        from batchfit.outputs.sensitivity import write_sensitivity
+
+        print(f"sensitivity: wrote {', '.join(map(str, write_sensitivity(config)))}")
+        return 0
     if args.command == "check":
         from batchfit.sweep.check import check_model
 

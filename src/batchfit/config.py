@@ -68,10 +68,11 @@ class OutputSettings:
     parameter and deterministic), see `batchfit.model.variables.select_vars`.
     """
 
-    log_likelihood: bool
+    log_likelihood: bool  # the schema's null (the default) is resolved by `_build`: on with variants
     posterior_predictive: bool
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
+    sensitivity: bool = False  # each fit keeps its log_prior too, for power-scaling sensitivity (psense)
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,11 @@ class Config:
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # build_model's keyword parameters
+    # A sweep of variants (`batchfit.variants`): the raw overrides by id and the grid, as the file has them.
+    variants: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    grid: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    variant: str | None = None  # the id of a variant's own Config (`batchfit.variants.variant_configs`)
 
     @property
     def layout(self) -> ResultsLayout:
@@ -297,7 +303,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Conf
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The config as JSON-able plain data, as a config file writes it; `config_from_dict` of it gives
     an equal `Config`. Derived from the dataclasses: a new setting needs no line here."""
-    return {name: value for name, value in _plain(config).items() if name != "source"}
+    return {name: value for name, value in _plain(config).items() if name not in ("source", "variant")}
 
 
 def _plain(value: Any) -> Any:
@@ -319,8 +325,13 @@ def _plain(value: Any) -> Any:
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`, each section into its dataclass."""
     columns = {str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()}
+    if d["outputs"]["log_likelihood"] is None:  # the compare rule of a sweep of variants needs it
+        d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})
     _check_sampler(config.sampler, source)
+    if config.outputs.sensitivity and not config.outputs.log_likelihood:
+        raise ConfigError("power-scaling sensitivity scales the likelihood too, so it needs each fit's "
+                          "log-likelihood: set outputs.log_likelihood: true", key="outputs.sensitivity", source=source)
     return config
 
 

@@ -14,6 +14,13 @@ SUMMARY_CSV = "summary.csv"
 POSTERIORS_NC = "posteriors.nc"
 FAILURES_CSV = "failures.csv"
 DATASETS_CSV = "datasets.csv"
+COMPARISON_CSV = "comparison.csv"
+SENSITIVITY_CSV = "sensitivity.csv"
+# What a results_dir holds at its top level: a sweep of variants puts each variant's beside them
+# (`variant`), so no variant may take one of these names.
+RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
+                            "data_sha256.json", "summaries", "orphaned", "plots", "report", "sbc", "status.txt",
+                            SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,21 @@ class ResultsLayout:
     def report_pages(self) -> Path:
         """The HTML pages of Snakemake's report (`batchfit.outputs.report`)."""
         return self.root / "report"
+
+    # --- a sweep of variants: each variant a sweep of its own under its id, compared at the top
+    def variant(self, variant_id: str) -> ResultsLayout:
+        """A variant's layout (its ``results_dir``; `batchfit.variants`)."""
+        return ResultsLayout(self.root / variant_id)
+
+    @property
+    def comparison(self) -> Path:
+        """The compare rule's table: PSIS-LOO of every variant per dataset (`batchfit.outputs.compare`)."""
+        return self.root / COMPARISON_CSV
+
+    @property
+    def sensitivity(self) -> Path:
+        """Prior sensitivity of every fit, summarised across datasets (`batchfit.outputs.compare`)."""
+        return self.root / SENSITIVITY_CSV
 
     # --- an SBC run: a sweep of its own under sbc/, with what only SBC writes
     @property

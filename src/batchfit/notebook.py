@@ -21,44 +21,48 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting import fitter
 from batchfit.model import model_file
+from batchfit.variants import one_variant
 
 if TYPE_CHECKING:
     import pymc as pm
 
 
-def load_dataset(config_or_path: Config | str | Path, dataset_id: str) -> Dataset:
+def load_dataset(config_or_path: Config | str | Path, dataset_id: str, variant: str | None = None) -> Dataset:
     """Dataset ``dataset_id`` of a sweep as it is read in a fit job: its text columns coded as the sweep
     codes them (`batchfit.data.coding`). No model is built: bad data raises the error the fit would
-    record, and a model that fails shows its error in `build_model` only.
+    record, and a model that fails shows its error in `build_model` only. ``variant``: in a sweep of variants,
+    which one's config (its ``columns`` may code the text columns otherwise).
     """
-    config = _config(config_or_path)
+    config = _config(config_or_path, variant)
     paths = discover_datasets(config)
     if dataset_id not in paths:
         raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({', '.join(config.datasets)}, "
                            f"config {config.source}); the id is the file name without its suffix (see "
                            "batchfit check for the ids of files whose names are no usable ids)",
                            dataset=dataset_id)
-    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths), config.params)
 
 
-def build_model(config_or_path: Config | str | Path, dataset_id: str) -> pm.Model:
+def build_model(config_or_path: Config | str | Path, dataset_id: str, variant: str | None = None) -> pm.Model:
     """The PyMC model a fit job builds for ``dataset_id``: ready for ``pm.sample``, to compare or debug.
 
     The dataset is checked against what the reference dataset's model needs and cast to its dtypes,
     as `batchfit.fitting.fitter.Fitter.build` does. An error of ``build_model`` is a
     `batchfit.errors.ModelCodeError` naming the model's line, caused by the model's own exception,
-    whose traceback keeps the model's frames (`batchfit.model.user_traceback`).
+    whose traceback keeps the model's frames (`batchfit.model.user_traceback`). ``variant``: in a sweep of
+    variants, which one's model and ``params``.
     """
-    config = _config(config_or_path)
+    config = _config(config_or_path, variant)
     data = load_dataset(config, dataset_id)
     module = model_file.load_model_file(config.model)
     try:
         ref = fitter.reference_model(config, discover_datasets(config))
     except BatchfitError:  # no dataset builds: this one's own error says why
-        return model_file.build_model(module, data)
-    return model_file.build_model(module, fitter.model_input(data, ref))
+        return model_file.build_model(module, data, config.params)
+    return model_file.build_model(module, fitter.model_input(data, ref), config.params)
 
 
-def _config(config_or_path: Config | str | Path) -> Config:
-    """A Config as given, or loaded from a YAML file (relative paths in it: to the current directory)."""
-    return config_or_path if isinstance(config_or_path, Config) else load_config(config_or_path)
+def _config(config_or_path: Config | str | Path, variant: str | None) -> Config:
+    """A Config as given, or loaded from a YAML file (relative paths in it: to the current directory); in a
+    sweep of variants, ``variant``'s own."""
+    return one_variant(config_or_path if isinstance(config_or_path, Config) else load_config(config_or_path), variant)

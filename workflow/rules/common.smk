@@ -1,5 +1,6 @@
 # Config validation and the sweep's plan: which datasets exist and which batches still need fitting.
 import functools
+import re
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -7,6 +8,7 @@ from snakemake.utils import validate
 
 from batchfit.compat.snakemake import end_snakemake_rate_timers, exit_run
 from batchfit.sweep.snakemake_job import snakemake_config
+from batchfit.variants import configs_of
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.model.imports import user_import_files
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
@@ -17,11 +19,36 @@ CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>
 # and check the model file; Snakemake's validate then fills the defaults in for the jobs.
 BF = snakemake_config(config, CONFIG_SOURCE)
 validate(config, "../schemas/config.schema.yaml")
-LAYOUT = BF.layout
-COMPILED = compile_stamp_path(BF)
-BUNDLE = compiled_bundle_path(BF)
-# The user modules the model file imports, directly or not: read by every job that builds the model.
-MODEL_IMPORTS = user_import_files(BF.model)
+# A sweep of variants (batchfit.variants, docs/variants.md) is one sweep per variant under
+# results_dir/{variant}/: every rule below runs per variant, its config the variant's own (`bf`).
+CONFIGS = configs_of(BF)
+VARIANTS = [variant for variant in CONFIGS if variant is not None]
+LAYOUT = BF.layout.variant("{variant}") if VARIANTS else BF.layout
+# Compile stamps, by name: variants that share a model and its parameters share one compile. The
+# sweep's own config's too: an SBC run (workflow/rules/sbc.smk) fits it, without its variants.
+STAMPS = {compile_stamp_path(c).stem: c for c in [BF, *CONFIGS.values()]}
+COMPILED = compile_stamp_path(BF).parent / "{stamp}.json"
+BUNDLE = compiled_bundle_path(BF).parent / "{stamp}.zip"
+
+
+wildcard_constraints:
+    variant="|".join(map(re.escape, VARIANTS)) or "(?!)",
+    stamp="|".join(map(re.escape, STAMPS)),
+
+
+def bf(wildcards):
+    """The config of a job's variant: the sweep's own config without variants."""
+    return CONFIGS[wildcards.get("variant")]
+
+
+def labelled(labels):
+    """A report item's labels, with its variant's in a sweep of variants."""
+    return {"variant": "{variant}", **labels} if VARIANTS else labels
+
+
+def variant_paths(path):
+    """Every variant's ``path`` (a `LAYOUT` path), or ``path`` itself without variants."""
+    return expand(str(path), variant=VARIANTS) if VARIANTS else [str(path)]
 
 
 def total_cores():
@@ -52,16 +79,17 @@ def sweep_cores():
 
 
 @functools.cache
-def sweep():
-    """The sweep's plan. A job uses the one its sweep's main process recorded (onstart, below):
-    re-planned inside a job, a failed or half-done batch would be cut anew."""
-    return sweep_plan(BF, job=in_job(), cores=sweep_cores())
+def sweep(variant=None):
+    """The sweep's plan (a variant's). A job uses the one its sweep's main process recorded (onstart,
+    below): re-planned inside a job, a failed or half-done batch would be cut anew."""
+    return sweep_plan(CONFIGS[variant], job=in_job(), cores=sweep_cores())
 
 
 def fit_job_threads(wildcards):
     """On a cluster (and in its jobs) one thread per chain; on one machine the cores are shared
-    out between the batches."""
-    return fit_threads(BF.sampler.chains, sweep_cores(), len(sweep().batches))
+    out between the batches (of every variant)."""
+    n_batches = sum(len(sweep(variant).batches) for variant in CONFIGS)
+    return fit_threads(bf(wildcards).sampler.chains, sweep_cores(), n_batches)
 
 
 def record_plan():
@@ -71,7 +99,8 @@ def record_plan():
     `onstart:` (Snakemake runs only the main Snakefile's).
     """
     if not in_job():
-        write_plan(BF, sweep())
+        for variant, variant_config in CONFIGS.items():
+            write_plan(variant_config, sweep(variant))
 
 
 onstart:
@@ -91,7 +120,8 @@ def end_run(error=False):
     from batchfit.sweep.verdict import end_of_run  # here: parsing the Snakefile waits for no more imports
 
     end_snakemake_rate_timers()
-    code, verdict = end_of_run(BF)
+    ends = [end_of_run(variant_config) for variant_config in CONFIGS.values()]
+    code, verdict = max(c for c, _ in ends), "\n".join(v for _, v in ends if v)
     if verdict and error:
         print(verdict, file=sys.stderr)
     elif verdict:
@@ -108,25 +138,35 @@ onerror:
 
 def batch_datasets(wildcards):
     """Data files of one batch (inputs: they must exist; a changed one changes the batch's name)."""
-    return [str(sweep().datasets[d]) for d in batch_members(wildcards)]
+    return [str(sweep(wildcards.get("variant")).datasets[d]) for d in batch_members(wildcards)]
 
 
 def batch_members(wildcards):
     """The datasets of one batch, as planned; an unknown batch is an error naming the plan."""
     try:
-        return sweep().batches[wildcards.batch]
+        return sweep(wildcards.get("variant")).batches[wildcards.batch]
     except KeyError:
-        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({LAYOUT.plan})")
+        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({bf(wildcards).layout.plan})")
 
 
 def batch_manifests(wildcards):
-    return [str(BF.layout.batch_manifest(b)) for b in sweep().batches]
+    return [str(bf(wildcards).layout.batch_manifest(b)) for b in sweep(wildcards.get("variant")).batches]
+
+
+def compiled_stamp(wildcards):
+    """The compile stamp of a job's variant (`compile` rule)."""
+    return str(compile_stamp_path(bf(wildcards)))
+
+
+def compiled_bundle(wildcards):
+    """The compiled bundle of a job's variant (`compile` rule), which its fit jobs install from."""
+    return str(compiled_bundle_path(bf(wildcards)))
 
 
 def fit_resource(name):
     """A fit job's `name` resource from the batch and the compile stage's measurement."""
     return lambda wildcards, input, threads, attempt: fit_resources(
-        BF.sampler, len(batch_members(wildcards)), input.compiled, attempt, threads
+        bf(wildcards).sampler, len(batch_members(wildcards)), input.compiled, attempt, threads
     )[name]
 
 

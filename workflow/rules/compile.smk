@@ -6,18 +6,20 @@ rule compile:
     No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
     whatever its config file is called (the Snakefile has already validated the config).
     The model and its local imports are `ancient`: the stamp's and the bundle's names hold their
-    content digest, so touching a file without changing it must not compile again.
+    content digest, so touching a file without changing it must not compile again. One job per
+    stamp: per variant in a sweep of variants, but once for the variants that share a model and
+    its parameters.
     """
     input:
-        model=ancient(str(BF.model)),
-        imports=[ancient(f) for f in MODEL_IMPORTS],
+        model=lambda wildcards: ancient(str(STAMPS[wildcards.stamp].model)),
+        imports=lambda wildcards: [ancient(f) for f in user_import_files(STAMPS[wildcards.stamp].model)],
     output:
         stamp=COMPILED,
         bundle=BUNDLE,
     log:
-        LAYOUT.log("compile"),
+        BF.layout.log("compile/{stamp}"),
     benchmark:
-        LAYOUT.benchmark("compile")
+        BF.layout.benchmark("compile/{stamp}")
     conda:
         "../envs/batchfit.yaml"
     # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).

@@ -8,10 +8,10 @@ rule fit:
     each retry; a retry fits only the datasets a killed attempt left.
     """
     input:
-        compiled=rules.compile.output.stamp,
-        bundle=rules.compile.output.bundle,
-        model=str(BF.model),
-        imports=MODEL_IMPORTS,
+        compiled=compiled_stamp,
+        bundle=compiled_bundle,
+        model=lambda wildcards: str(bf(wildcards).model),
+        imports=lambda wildcards: user_import_files(bf(wildcards).model),
         data=batch_datasets,
     output:
         LAYOUT.batch_manifest("{batch}"),

@@ -7,7 +7,7 @@ report: "../report/workflow.rst"
 
 # An SBC run's PNG plots (results_dir/sbc/**/*.png), found when the Snakefile is parsed: the
 # report shows them when a run has made them, and this workflow needs none of the SBC code.
-SBC_PLOTS = sorted(map(str, LAYOUT.sbc.root.glob("**/*.png")))
+SBC_PLOTS = sorted(map(str, BF.layout.sbc.root.glob("**/*.png")))
 
 
 rule plots:
@@ -20,14 +20,14 @@ rule plots:
             LAYOUT.health_plot,
             caption="../report/health.rst",
             category="1. Health",
-            labels={"view": "bar charts"},
+            labels=labelled({"view": "bar charts"}),
         ),
         forest=report(
             directory(LAYOUT.forest_plots),
             patterns=["{name}.png"],
             caption="../report/forest.rst",
             category="2. Forest plots",
-            labels={"variable": "{name}"},
+            labels=labelled({"variable": "{name}"}),
         ),
     log:
         LAYOUT.log("plots"),
@@ -37,7 +37,7 @@ rule plots:
         "../envs/batchfit.yaml"
     params:
         config_source=CONFIG_SOURCE,
-        settings=repr(BF.report),  # a changed report: key redraws the plots (params are a rerun trigger)
+        settings=lambda wildcards: repr(bf(wildcards).report),  # a changed report: key redraws the plots (params are a rerun trigger)
     script:
         "../../scripts/plots.py"
 
@@ -49,31 +49,31 @@ rule report_pages:
         summary=rules.collect.output.summary,
         datasets=rules.collect.output.datasets,
         failures=rules.collect.output.failures,
-        model=str(BF.model),
+        model=lambda wildcards: str(bf(wildcards).model),
     output:
         health=report(
             LAYOUT.report_pages / "health.html",
             caption="../report/health_table.rst",
             category="1. Health",
-            labels={"view": "warnings and failures"},
+            labels=labelled({"view": "warnings and failures"}),
         ),
         summary=report(
             LAYOUT.report_pages / "summary.html",
             caption="../report/summary.rst",
             category="3. Tables",
-            labels={"table": "datasets and diagnostics (datasets.csv, summary.csv)"},
+            labels=labelled({"table": "datasets and diagnostics (datasets.csv, summary.csv)"}),
         ),
         failures=report(
             LAYOUT.report_pages / "failures.html",
             caption="../report/failures.rst",
             category="3. Tables",
-            labels={"table": "failures (failures.csv)"},
+            labels=labelled({"table": "failures (failures.csv)"}),
         ),
         provenance=report(
             LAYOUT.report_pages / "provenance.html",
             caption="../report/provenance.rst",
             category="5. Provenance",
-            labels={"page": "versions, model, config, cache keys, dates"},
+            labels=labelled({"page": "versions, model, config, cache keys, dates"}),
         ),
     log:
         LAYOUT.log("report_pages"),
@@ -93,24 +93,24 @@ rule sbc_plots:
         SBC_PLOTS,
     output:
         report(
-            directory(LAYOUT.sbc_plots_in_report),
+            directory(BF.layout.sbc_plots_in_report),
             patterns=["{name}.png"],
             caption="../report/sbc.rst",
             category="4. Simulation-based calibration",
             labels={"plot": "{name}"},
         ),
     log:
-        LAYOUT.log("sbc_plots"),
+        BF.layout.log("sbc_plots"),
     conda:
         "../envs/batchfit.yaml"
     params:
-        sbc_dir=LAYOUT.sbc.root,
+        sbc_dir=BF.layout.sbc.root,
     script:
         "../../scripts/sbc_plots.py"
 
 
 REPORT_TARGETS = [
-    *rules.plots.output,
-    *rules.report_pages.output,
+    *(path for output in rules.plots.output for path in variant_paths(output)),
+    *(path for output in rules.report_pages.output for path in variant_paths(output)),
     *(rules.sbc_plots.output if SBC_PLOTS else []),
 ]

@@ -1,4 +1,4 @@
-"""Optional fit outputs, compiled once per job: pointwise log-likelihood and posterior predictive draws.
+"""Optional fit outputs, compiled once per job: pointwise log-likelihood, log prior and posterior predictive draws.
 
 Both functions are compiled from the reference model and read its ``pm.Data`` containers, into
 which each dataset's values are loaded before sampling; so one compile serves the whole batch
@@ -20,7 +20,7 @@ log = logging.getLogger("batchfit")
 
 
 class ExtraGroups:
-    """Compute the ``log_likelihood`` and ``posterior_predictive`` groups that the config asks for."""
+    """Compute the ``log_likelihood``, ``log_prior`` and ``posterior_predictive`` groups the config asks for."""
 
     def __init__(self, template: Any, outputs: OutputSettings):
         import batchfit.compile.linalg  # noqa: F401 - the same numba implementations as the compile worker
@@ -28,9 +28,10 @@ class ExtraGroups:
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
         self._predict = _predictive_function(template) if outputs.posterior_predictive else None
+        self._logprior = _logprior_function(template) if outputs.sensitivity else None
         # numba loads (or compiles) the machine code at the first call: make that happen here,
         # once, where a damaged cache file is healed and retried, not in every dataset's fit.
-        functions = [f for f in (self._loglik, self._predict) if f is not None]
+        functions = [f for f in (self._loglik, self._predict, self._logprior) if f is not None]
         if functions:
             point = _initial_point(template)
             for fn, names in functions:
@@ -43,6 +44,10 @@ class ExtraGroups:
         if self._loglik is not None:
             fn, names = self._loglik
             groups["log_likelihood"] = _per_draw(fn, names, posterior, model, self.template.observed_RVs)
+        if self._logprior is not None:
+            fn, names = self._logprior
+            # its terms come in the order of its inputs, the free variables of a copy of the model
+            groups["log_prior"] = _per_draw(fn, names, posterior, model, [self.template[n] for n in names])
         if self._predict is not None:
             from pymc.pytensorf import reseed_rngs
             from pytensor.tensor.random.type import RandomGeneratorType
@@ -67,7 +72,8 @@ def warm_extras(template: Any, outputs: OutputSettings) -> None:
     import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
     wanted = [make for make, on in ((_loglik_function, outputs.log_likelihood),
-                                    (_predictive_function, outputs.posterior_predictive)) if on]
+                                    (_predictive_function, outputs.posterior_predictive),
+                                    (_logprior_function, outputs.sensitivity)) if on]
     if not wanted:
         return
     point = _initial_point(template)
@@ -90,13 +96,25 @@ def _initial_point(template: Any) -> dict[str, np.ndarray]:
 
 def _loglik_function(template: Any) -> tuple[Any, list[str]]:
     """Elementwise log density of each observed variable given constrained parameter values."""
+    return _log_density_function(template, observed=True)
+
+
+def _logprior_function(template: Any) -> tuple[Any, list[str]]:
+    """Elementwise log prior density of each free variable at its constrained value (as pm.compute_log_prior)."""
+    return _log_density_function(template, observed=False)
+
+
+def _log_density_function(template: Any, *, observed: bool) -> tuple[Any, list[str]]:
+    """Elementwise log density of the observed (or the free) variables given constrained parameter values."""
     import pytensor
     from pymc.model.transform.conditioning import remove_value_transforms
     from pytensor.compile.sharedvalue import SharedVariable
 
     untransformed = remove_value_transforms(template)
     inputs = [untransformed.rvs_to_values[rv] for rv in untransformed.free_RVs]
-    terms = untransformed.logp(vars=untransformed.observed_RVs, sum=False)
+    # one variable at a time: logp(vars=..., sum=False) need not list its terms in the order of vars
+    terms = [untransformed.logp(vars=[rv], sum=False)[0]
+             for rv in (untransformed.observed_RVs if observed else untransformed.free_RVs)]
     # remove_value_transforms deep-copies the pm.Data containers and dimension lengths; read the
     # template's instead, into which each dataset is loaded (else every dataset would get the
     # reference dataset's log-likelihood).

@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset-path", required=True)
     parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
+    parser.add_argument("--params", default="{}", help="build_model's keyword parameters (JSON)")
     parser.add_argument("--part", choices=sorted(PARTS), default="all", help="what of the entry to compile")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -86,8 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.captureWarnings(True)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
     coding = json.loads(args.coding)
-    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None)
-    model = build_model(load_model_file(Path(args.model_file)), dataset)
+    params = json.loads(args.params)
+    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None,
+                           params)
+    model = build_model(load_model_file(Path(args.model_file)), dataset, params)
     with collector_paused():
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)
@@ -99,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     outputs = json.loads(args.outputs)
     try:
         manifest = build_entry(model, cache, key, graphs, OutputSettings(
-            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive"))), args.part)
+            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive")),
+            sensitivity=bool(outputs.get("sensitivity"))), args.part)
     except CachedPathUnsupported as exc:
         print(json.dumps({"unsupported": str(exc)}))
         return UNSUPPORTED_EXIT

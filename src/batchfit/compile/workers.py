@@ -71,6 +71,7 @@ class ModelSource:
     dataset_path: Path
     coding: dict[str, Any] = dataclasses.field(default_factory=dict)  # Coding.for_dataset(dataset_id)
     outputs: OutputSettings = NO_OUTPUTS  # the optional outputs to pre-compile
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # build_model's keyword parameters
 
 
 def compile_workers(threads: int) -> AbstractContextManager[Standby]:
@@ -104,7 +105,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     """
     argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
             "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
-            "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs))]
+            "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs)),
+            "--params", json.dumps(source.params)]
     standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     with ThreadPoolExecutor(len(parts)) as pool:

@@ -8,9 +8,11 @@ model can index a per-group parameter with them directly; the sweep's `Coding`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,12 +78,14 @@ class DataRequirement:
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
 
-def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None) -> Dataset:
+def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None,
+                 params: Mapping[str, Any] | None = None) -> Dataset:
     """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError.
 
     With the sweep's `coding`, label columns get the sweep's codes and text in a column that
     holds numbers elsewhere stays text (for `check_dataset` to report); without one, every
-    text column is coded within this file, by sorted labels.
+    text column is coded within this file, by sorted labels. Each number among the config's
+    ``params`` is a 0-d float array of the dataset too (`with_params`).
     """
     path = Path(path)
     check_suffix(dataset_id, path)
@@ -97,7 +101,24 @@ def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None) -> D
     from batchfit.data.readers import read_arrays  # pandas and xarray: only where files are read
 
     arrays, coords = read_arrays(dataset_id, path, file_kind(path), coding)
-    return Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords)
+    return with_params(Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords), params or {})
+
+
+def with_params(dataset: Dataset, params: Mapping[str, Any]) -> Dataset:
+    """``dataset`` with each number among ``params`` as a 0-d float array named after it.
+
+    So a model can put a parameter in a ``pm.Data`` (which must hold the dataset's array of its
+    name): ``pm.Data("prior_scale", data["prior_scale"])``. Swapped like any container, its value
+    is no constant of the graph, and every value shares one compile (docs/variants.md).
+    """
+    numbers = {name: np.asarray(value, dtype=np.float64) for name, value in params.items()
+               if isinstance(value, int | float) and not isinstance(value, bool)}
+    clash = sorted(set(numbers) & set(dataset.arrays))
+    if clash:
+        raise DatasetError(f"the config's params {', '.join(clash)} share a name with the dataset's columns; "
+                           "rename the parameter(s) (config key params, and build_model's keyword)",
+                           dataset=dataset.id, path=dataset.path, column=clash[0])
+    return dataclasses.replace(dataset, arrays={**dataset.arrays, **numbers}) if numbers else dataset
 
 
 def check_dataset(

@@ -163,7 +163,7 @@ def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> Data
         if dataset_id not in paths:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
         job.provenance = fitter.provenance(dataset_id, paths[dataset_id])
-        job.dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding)
+        job.dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding, fitter.config.params)
         job.stage = "build"
         job.model = fitter.build(job.dataset)
         job.stage = "compile"

@@ -95,8 +95,8 @@ def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
     errors: dict[str, BatchfitError] = {}
     for dataset_id, path in paths.items():
         try:
-            dataset = load_dataset(dataset_id, path, coding)
-            model = build_model(module, dataset)
+            dataset = load_dataset(dataset_id, path, coding, config.params)
+            model = build_model(module, dataset, config.params)
             reqs = requirements(model)
             check_dataset(dataset, reqs)
             return Reference(dataset, model, reqs, coding)
@@ -138,7 +138,7 @@ def model_input(dataset: Dataset, ref: Reference) -> Dataset:
 def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
     """How a compile worker rebuilds the model of ``dataset``."""
     return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
-                       coding.for_dataset(dataset.id), config.outputs)
+                       coding.for_dataset(dataset.id), config.outputs, dict(config.params))
 
 
 @dataclass
@@ -218,7 +218,7 @@ class Fitter:
 
         limit = 0 if self.reference.path == CACHED else pytensor.config.traceback__limit
         with pytensor.config.change_flags(traceback__limit=limit):
-            return build_model(self.module, model_input(dataset, self.ref))
+            return build_model(self.module, model_input(dataset, self.ref), self.config.params)
 
     def structure(self, model: Any, dataset: Dataset) -> Structure:
         """The compiled structure for ``model`` (compiled now if this job has not met it)."""

@@ -99,6 +99,7 @@ def sweep_parts(config: Config, *, model_sha256: str | None = None) -> dict[str,
         "outputs": dataclasses.asdict(config.outputs),
         "model_hash": model_sha256 or file_sha256(config.model),
         "model_imports": user_imports(config.model),
+        "params": dict(config.params),
         "versions": versions(),
         "code_hash": code_sha256(),
     }

@@ -14,7 +14,7 @@ import hashlib
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -86,13 +86,14 @@ def use_model_folder(module: ModuleType) -> None:
         use(folder)
 
 
-def build_model(module: ModuleType, dataset: Dataset) -> Any:
-    """Call the user's ``build_model`` for one dataset and check what comes back."""
+def build_model(module: ModuleType, dataset: Dataset, params: Mapping[str, Any] | None = None) -> Any:
+    """Call the user's ``build_model`` for one dataset, with the config's ``params`` as keyword arguments
+    (a variant's own, see docs/variants.md), and check what comes back."""
     import pymc as pm
 
     use_model_folder(module)
     try:
-        model = module.build_model(dataset)
+        model = module.build_model(dataset, **(params or {}))
     except BatchfitError:
         raise
     except Exception as exc:

@@ -11,6 +11,7 @@ import xarray as xr
 from batchfit.config import Config, load_config
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
+from batchfit.variants import one_variant, variant_configs
 
 # datasets.csv's integer columns, empty for a failed dataset: read as pandas' nullable integers, since
 # as floats a 63-bit seed would not be the seed any more.
@@ -65,18 +66,83 @@ class Results:
         self.close()
 
 
-def open_results(config_or_path: Config | str | Path) -> Results:
+@dataclass(frozen=True)
+class VariantResults:
+    """The results of every variant of a sweep of variants (`batchfit.variants`), stacked.
+
+    `summary`, `datasets` and `failures` are the variants' tables one under the other, with a ``variant``
+    column first; `tree` has a child per variant (its posteriors.nc); `comparison` is comparison.csv (None
+    before the compare rule ran). One variant's `Results`: ``results.variants[id]``.
+    """
+
+    variants: dict[str, Results]
+    comparison: pd.DataFrame | None
+    results_dir: Path
+
+    @property
+    def tree(self) -> xr.DataTree:
+        return xr.DataTree.from_dict({variant: r.tree for variant, r in self.variants.items()})
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return self._stacked("summary")
+
+    @property
+    def datasets(self) -> pd.DataFrame:
+        return self._stacked("datasets")
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        return self._stacked("failures")
+
+    def dataset(self, dataset_id: str) -> xr.DataTree:
+        """One dataset's posterior in each variant that fitted it, a child per variant (`Results.dataset`)."""
+        return xr.DataTree.from_dict({variant: r.dataset(dataset_id) for variant, r in self.variants.items()
+                                      if dataset_id in r.dataset_ids}, name=dataset_id)
+
+    def _stacked(self, table: str) -> pd.DataFrame:
+        return pd.concat([getattr(r, table).assign(variant=variant)[["variant", *getattr(r, table).columns]]
+                          for variant, r in self.variants.items()], ignore_index=True)
+
+    def close(self) -> None:
+        for results in self.variants.values():
+            results.close()
+
+    def __enter__(self) -> VariantResults:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_results(config_or_path: Config | str | Path, variant: str | None = None) -> Results | VariantResults:
     """Open a sweep's results: a `Config`, a config file, or a results directory.
 
     posteriors.nc is opened lazily (its draws are read when used); summary.csv, datasets.csv and
-    failures.csv are read into DataFrames (missing values as NaN, text as written).
+    failures.csv are read into DataFrames (missing values as NaN, text as written). In a sweep of variants,
+    ``variant``'s results, or with None every variant's, stacked (`VariantResults`).
     """
-    if isinstance(config_or_path, Config):
-        layout = config_or_path.layout
-    elif Path(config_or_path).is_dir():
-        layout = ResultsLayout(Path(config_or_path))
-    else:
-        layout = load_config(config_or_path).layout
+    if isinstance(config_or_path, Config) or not Path(config_or_path).is_dir():
+        config = config_or_path if isinstance(config_or_path, Config) else load_config(config_or_path)
+        if variant is None and variant_configs(config):
+            return _stacked(config.layout, list(variant_configs(config)))
+        return _open(one_variant(config, variant).layout)
+    layout = ResultsLayout(Path(config_or_path))
+    if variant is not None:
+        return _open(layout.variant(variant))
+    if not layout.posteriors.exists():  # a sweep of variants' results_dir: a folder per variant
+        found = sorted(p.parent.name for p in layout.root.glob(f"*/{layout.posteriors.name}"))
+        if found:
+            return _stacked(layout, found)
+    return _open(layout)
+
+
+def _stacked(layout: ResultsLayout, variants: list[str]) -> VariantResults:
+    comparison = pd.read_csv(layout.comparison) if layout.comparison.is_file() else None
+    return VariantResults({variant: _open(layout.variant(variant)) for variant in variants}, comparison, layout.root)
+
+
+def _open(layout: ResultsLayout) -> Results:
     missing = [path.name for path in (layout.posteriors, layout.summary, layout.datasets_csv, layout.failures_csv)
                if not path.is_file()]
     if missing:

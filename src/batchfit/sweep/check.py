@@ -38,7 +38,7 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
 from batchfit.fitting.fitter import kept_variables, reference_model
 from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
-from batchfit.model.model_file import baked_values, build_model, load_model_file, requirements
+from batchfit.model.model_file import baked_values, build_model, data_containers, load_model_file, requirements
 from batchfit.model.variables import variable_roles
 
 _PATHS = {CACHED: "batchfit cached callbacks", NUTPIE: "nutpie's own compile (slower)",
@@ -77,6 +77,7 @@ class CheckReport:
     own_compiles: dict[str, str] = field(default_factory=dict)  # datasets with values baked in: what and the fix
     buckets: dict[str, Bucket] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
+    params: list[str] = field(default_factory=list)  # how each of build_model's parameters enters the model
 
     @property
     def ok(self) -> bool:
@@ -117,6 +118,7 @@ class CheckReport:
         for bucket in self.buckets.values():
             out += [f"  {line}" for line in bucket.lines()]
         out += [f"  {problem}" for problem in self.problems]
+        out += [f"  {line}" for line in self.params]
         slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
         distinct = len(set(self.problem_reasons.values()))
         unhonoured = sum(bool(bucket.settings) for bucket in self.buckets.values())
@@ -140,7 +142,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
         ref = reference_model(config, paths)
     except BatchfitError:  # no dataset builds: say why for each of them
         return _unbuildable(config, paths, renamed)
-    report = CheckReport(ref.dataset.id, renamed=renamed)
+    report = CheckReport(ref.dataset.id, renamed=renamed, params=param_lines(config.params, ref.model))
     try:
         kept_variables(config, variable_roles(ref.model))
     except BatchfitError as exc:
@@ -149,10 +151,10 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     representatives: dict[str, Any] = {}
     for dataset_id, path in (paths.items() if datasets else [(ref.dataset.id, ref.dataset.path)]):
         try:
-            dataset = load_dataset(dataset_id, path, ref.coding)
+            dataset = load_dataset(dataset_id, path, ref.coding, config.params)
             dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
                                                            **coerce_for_model(dataset, ref.requirements)})
-            model = build_model(module, dataset)
+            model = build_model(module, dataset, config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
             continue
@@ -185,6 +187,18 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     return report
 
 
+def param_lines(params: Mapping[str, Any], model: Any) -> list[str]:
+    """How each of build_model's parameters enters the reference model: a pm.Data of its name (its values
+    share one compile) or, otherwise, a constant of the graph (a structure, and a compile, per value)."""
+    containers = data_containers(model)
+    return [f"param {name} = {value!r}: " + (
+        f"enters as pm.Data '{name}', so every value shares one compile" if name in containers else
+        "no pm.Data: a value that changes the model's graph is a structure of its own, compiled once"
+        + (f" (a number enters as pm.Data('{name}', data['{name}']) to share one compile; docs/variants.md)"
+           if isinstance(value, int | float) and not isinstance(value, bool) else ""))
+        for name, value in params.items()]
+
+
 def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, str]) -> CheckReport:
     """The report when no dataset can be built into a model: each dataset's own reason."""
 
@@ -192,7 +206,7 @@ def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, st
     module, coding = load_model_file(config.model), sweep_coding(config, paths)
     for dataset_id, path in paths.items():
         try:
-            build_model(module, load_dataset(dataset_id, path, coding))
+            build_model(module, load_dataset(dataset_id, path, coding, config.params), config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
     return report

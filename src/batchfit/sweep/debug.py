@@ -48,11 +48,11 @@ def debug_dataset(config: Config, dataset_id: str, *, draws: int = 200, tune: in
         ref = reference_model(config, paths)
     except BatchfitError:  # no dataset builds: this dataset's own build says why, below
         ref = None
-    dataset = load_dataset(dataset_id, path, ref.coding if ref else sweep_coding(config, paths))
+    dataset = load_dataset(dataset_id, path, ref.coding if ref else sweep_coding(config, paths), config.params)
     size = format_groups(dataset.groups)
     yield f"dataset {dataset_id} ({path}): {dataset.n_rows} rows" + (f", groups {size}" if size else "")
     module = load_model_file(config.model)
-    model = build_model(module, model_input(dataset, ref) if ref else dataset)
+    model = build_model(module, model_input(dataset, ref) if ref else dataset, config.params)
     if ref is None:  # it built, but no dataset of the sweep's first ones does: say why
         reference_model(config, paths)
     yield from model_lines(model)

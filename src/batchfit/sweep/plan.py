@@ -161,8 +161,8 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
 def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
-    Named by the content of the model file and of the user modules it imports, the CPU target and
-    the library versions, so a sweep whose results were deleted (or a second sweep of the same
+    Named by the content of the model file and of the user modules it imports, build_model's parameters,
+    the CPU target and the library versions, so a sweep whose results were deleted (or a second sweep of the same
     model) finds the cache already filled and Snakemake skips the compile job; a changed model
     or helper module, or an upgrade, compiles again.
     """
@@ -170,6 +170,7 @@ def compile_stamp_path(config: Config) -> Path:
 
 
     parts = [Path(config.model).read_bytes(), json.dumps(user_imports(config.model)).encode(), __version__.encode(),
+             json.dumps(config.params, sort_keys=True).encode(),  # a constant parameter is another structure
              config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]

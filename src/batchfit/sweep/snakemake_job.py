@@ -12,12 +12,15 @@ from typing import Any
 from batchfit.compile.cputarget import apply_cpu_target
 from batchfit.config import Config, check_model_file, config_from_dict
 from batchfit.errors import BatchfitError
+from batchfit.sweep.plan import compile_stamp_path
+from batchfit.variants import configs_of, variant_configs
 
 log = logging.getLogger("batchfit")
 
 
-def snakemake_config(config: Mapping[str, Any], source: str) -> Config:
-    """A Config from Snakemake's config dict, checked as `load_config` checks a config file.
+def snakemake_config(config: Mapping[str, Any], source: str, variant: str | None = None) -> Config:
+    """A Config from Snakemake's config dict, checked as `load_config` checks a config file; with
+    ``variant`` (a job's ``{variant}`` wildcard), that variant's own (`batchfit.variants`).
 
     ``source`` names its files, so every error names the key and the file to fix. Also sets the
     CPU target numba compiles for (`batchfit.compile.cputarget`), which must precede loading numba.
@@ -25,7 +28,16 @@ def snakemake_config(config: Mapping[str, Any], source: str) -> Config:
     checked = config_from_dict(dict(config), source=source)
     check_model_file(checked)
     apply_cpu_target(checked.cache.cpu_target, source)
-    return checked
+    return checked if variant is None else variant_configs(checked)[variant]
+
+
+def stamp_config(config: Config, stamp: str) -> Config:
+    """The config (a variant's, in a sweep of variants, or the sweep's own for SBC) whose compile stamp is named
+    ``stamp``: what a compile job compiles. Variants sharing a model and its parameters share one stamp, one compile."""
+    for candidate in [*configs_of(config).values(), config]:
+        if compile_stamp_path(candidate).stem == stamp:
+            return candidate
+    raise BatchfitError(f"no config of the sweep ({config.source}) has the compile stamp {stamp}")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
 from batchfit.fitting.outcome import failure_reason
 from batchfit.fitting.provenance import expected_digests, recorded_digest
+from batchfit.variants import configs_of, one_variant
 
 FITTED, FAILED, PENDING = "fitted", "failed", "pending"
 
@@ -72,6 +73,18 @@ class DatasetStatus:
         for path in dict.fromkeys(p for p, _ in self.log):
             lines += [f"{path}:", *(f"  {line}" for p, line in self.log if p == path)]
         return lines
+
+
+def status_lines(config: Config, *, dataset: str | None = None, variant: str | None = None) -> list[str]:
+    """``batchfit status``: the sweep's counts (`sweep_status`) or one dataset's state (`dataset_status`); in a
+    sweep of variants, each variant's under its id (only ``variant``'s when given)."""
+    configs = {variant: one_variant(config, variant)} if variant is not None else configs_of(config)
+    lines = []
+    for name, variant_config in configs.items():
+        report = dataset_status(variant_config, dataset) if dataset else sweep_status(variant_config)
+        lines += [f"variant {name} ({variant_config.results_dir}):", *(f"  {line}" for line in report.lines())] \
+            if name is not None else report.lines()
+    return lines
 
 
 def sweep_status(config: Config) -> SweepStatus:

@@ -55,7 +55,7 @@ class Simulator:
 
         self.config = config
         self.dataset = dataset
-        model = build_model(load_model_file(generator_file(config)), self.dataset)
+        model = build_model(load_model_file(generator_file(config)), self.dataset, config.params)
         self.parameters = [v.name for v in (*model.free_RVs, *model.deterministics)]
         self.coords = {name: _named_coords(model, name) for name in self.parameters}
         self.columns = observed_columns(model, generator_file(config))

@@ -76,7 +76,7 @@ def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
 
     template_id, template_path = template(config)
     coding = sweep_coding(config, discover_datasets(config))
-    dataset = load_dataset(template_id, template_path, coding)
+    dataset = load_dataset(template_id, template_path, coding, config.params)
     return dataset, {name: list(dataset.coords[name]) for name in coding.for_dataset(template_id)}
 
 
