@@ -75,7 +75,9 @@ def test_jobs_without_the_shared_cache_install_the_bundle_and_fit_the_same_draws
     jobs_log = (apart / "jobs.log").read_text() if (apart / "jobs.log").exists() else ""
     assert run.returncode == 0, f"{run.stderr[-3000:]}\n--- jobs\n{jobs_log[-3000:]}"
 
-    compile_log = (apart / "results" / "logs" / "compile.log").read_text()
+    compile_logs = sorted((apart / "results" / "logs" / "compile").glob("*.log"))
+    assert len(compile_logs) == 1, compile_logs  # one compile job in the whole sweep
+    compile_log = compile_logs[0].read_text()
     assert "cache miss" in compile_log, compile_log
     fit_logs = sorted((apart / "results" / "logs" / "fit").glob("*.log"))
     assert len(fit_logs) == 3
