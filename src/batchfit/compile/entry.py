@@ -40,19 +40,19 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
 
     clock = _StageClock(key)
     with record_generic_fallbacks() as fallbacks:
-        spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+        spec, functions = compile_sampler_functions(model, graphs, PARTS[part])
     if fallbacks:
         # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
         ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
         raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
                                     "numba runs in object mode and batchfit's cached callbacks cannot call")
-    clock.stage("log density, gradient and expansion functions")
+    clock.stage(f"PyTensor functions ({', '.join(functions)})")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind in PARTS[part]:
             try:
-                make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
+                make_callback(spec, kind, key, cache, functions[kind].vm.jit_fn)
             except NumbaError as exc:
                 unsupported = numba_failure_of_the_model(exc, kind)
                 if unsupported is None:
