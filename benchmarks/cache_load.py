@@ -1,6 +1,7 @@
 """How fast a fresh process is ready to sample on a warm cache, against nutpie's own compile.
 
     python benchmarks/cache_load.py [--repeats 5]
+    python benchmarks/cache_load.py --bundle [--repeats 5]
 
 Every measurement is a fresh Python process (one per repeat). In each, the timed window starts
 after the imports (``pymc``, ``nutpie``, batchfit) and after the example model is built from
@@ -16,6 +17,12 @@ store_000; import time is reported separately, and so is what is left of the pro
 Before the warm runs, one process compiles cold on an empty cache and saves its draws; every warm
 process's draws (same seed) are compared with ``np.array_equal``. Warm batchfit and nutpie runs
 alternate, so machine noise hits both alike. Results: benchmarks/results/cache_load/.
+
+``--bundle`` (issue #46): a fit job without a shared filesystem. The cold process fills a cache and
+the compile stage's bundle is written from it (`batchfit.cache.bundle.write_bundle`); then, side by
+side, warm processes on that cache alternate with processes on an EMPTY cache given the bundle
+(``open_cache(..., bundle=)``: installed under the lock, then loaded), each timed the same way
+(model -> ready to sample, the install included). Target: the bundle's within 1.5x of the warm one.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "batchfit":
         from batchfit.cache.store import open_cache
 
-        cache = open_cache(args.cache)  # sets PyTensor's compile dir before PyTensor is imported
+        cache = open_cache(args.cache, bundle=args.from_bundle)  # sets PyTensor's compile dir before its import
     import numpy as np
     import nutpie
     import pymc  # noqa: F401
@@ -59,7 +66,7 @@ def child(args: argparse.Namespace) -> None:
         compiled = compile_model(model, cache, source=ModelSource(model_file, DATASET_ID, data_path))
         t_compiled = time.perf_counter()
         sampler = compiled.sampler_for(model)
-        out.update(hit=compiled.report.hit, compile_model_s=t_compiled - t_build,
+        out.update(hit=compiled.report.hit, installed=compiled.report.installed, compile_model_s=t_compiled - t_build,
                    sampler_for_s=time.perf_counter() - t_compiled)
     else:
         sampler = nutpie.compile_pymc_model(model)
@@ -76,6 +83,56 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+def bundle_side_by_side(repeats: int) -> None:
+    """Warm-cache processes against empty-cache processes given the compiled bundle (see the docstring)."""
+    sys.path.insert(0, str(HERE))
+    from common import RESULTS, child_env, example_sampler, fresh_dir, load_average, machine_line, median, run_tracked
+
+    from batchfit.cache.bundle import write_bundle
+    from batchfit.cache.store import CacheDir, read_entry
+
+    out = fresh_dir(RESULTS / "cache_load_bundle")
+    warm_cache = out / "warm-cache"
+    sampler = json.dumps({**example_sampler(), "draws": 100, "tune": 100})  # the window ends before sampling
+    print(f"# cache_load --bundle: {machine_line()}; load average {load_average()}")
+
+    def run(cache: Path, bundle: Path | None = None, save: Path | None = None) -> dict:
+        cmd = [sys.executable, __file__, "--child", "batchfit", "--sampler", sampler, "--cache", str(cache)]
+        cmd += ["--from-bundle", str(bundle)] if bundle else []
+        cmd += ["--save", str(save)] if save else []
+        r = run_tracked(cmd, env=child_env()).check()
+        return {**r.json(), "wall_s": r.wall}
+
+    cold = run(warm_cache, save=out / "draws-cold.npz")
+    assert not cold["hit"], "the cache was not empty"
+    cache = CacheDir(warm_cache)
+    entries = {p.stem: read_entry(cache, p.stem) for p in cache.entries_dir.glob("*.json")}
+    bundle = out / "bundle.zip"
+    write_bundle(cache, entries, bundle)
+    print(f"cold (empty cache, compiles): ready in {cold['ready_s']:.1f} s; bundle of {len(entries)} entry: "
+          f"{bundle.stat().st_size / 2**20:.2f} MiB")
+    rows: dict[str, list[dict]] = {"warm": [], "bundle": []}
+    equal = []
+    for i in range(repeats):
+        rows["warm"].append(run(warm_cache))
+        assert rows["warm"][-1]["hit"] and not rows["warm"][-1]["installed"]
+        save = out / f"draws-bundle-{i}.npz"
+        rows["bundle"].append(run(fresh_dir(out / f"empty-cache-{i}"), bundle, save))
+        assert rows["bundle"][-1]["hit"] and rows["bundle"][-1]["installed"], "the bundle was not installed"
+        equal.append(same_draws(out / "draws-cold.npz", save))
+    print(f"\n{repeats} fresh processes each, medians (seconds):")
+    print(f"{'':34s}{'warm cache':>12s}{'empty + bundle':>16s}")
+    for key, label in (("compile_model_s", "compile_model (install included)"), ("sampler_for_s", "sampler_for"),
+                       ("ready_s", "model -> ready to sample"), ("wall_s", "process wall")):
+        print(f"{label:34s}{median(r[key] for r in rows['warm']):12.3f}{median(r[key] for r in rows['bundle']):16.3f}")
+    ratio = median(r["ready_s"] for r in rows["bundle"]) / median(r["ready_s"] for r in rows["warm"])
+    print(f"\nready to sample, empty cache + bundle / warm cache: {ratio:.2f}x "
+          f"(target <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'})")
+    print(f"draws of the bundle's processes equal to the cold compile's (np.array_equal): {sum(equal)}/{len(equal)}")
+    record = {"cold": cold, "runs": rows, "draws_equal": equal}
+    (out / "cache_load_bundle.json").write_text(json.dumps(record, indent=1))
+
+
 def same_draws(a: Path, b: Path) -> bool:
     import numpy as np
 
@@ -90,9 +147,15 @@ def main() -> None:
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     parser.add_argument("--sampler", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
+    parser.add_argument("--bundle", action="store_true", help="a fit job on an empty cache with the compiled "
+                        "bundle, beside a warm-cache job")
+    parser.add_argument("--from-bundle", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.bundle:
+        bundle_side_by_side(args.repeats)
         return
 
     sys.path.insert(0, str(HERE))

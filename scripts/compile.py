@@ -1,4 +1,4 @@
-"""Snakemake rule `compile`: fill the compiled-function cache before the fit jobs."""
+"""Snakemake rule `compile`: fill the compiled-function cache before the fit jobs, and write its bundle."""
 from batchfit.compile.workers import compile_workers
 
 # Started first: the worker a miss waits for imports beside this script's own imports.
@@ -9,7 +9,7 @@ with compile_workers(snakemake.threads) as workers:
 
     config = snakemake_config(snakemake.config, "the Snakemake config")
     with log_to(snakemake.log[0]):
-        write_json(snakemake.output[0], run_compile(config, workers=workers))
+        write_json(snakemake.output.stamp, run_compile(config, workers=workers, bundle=snakemake.output.bundle))
 
 from batchfit.common.quick_exit import quick_exit
 

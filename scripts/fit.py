@@ -9,5 +9,6 @@ from batchfit.fitting.batch import fit_batch  # noqa: E402
 
 with log_to(snakemake.log[0]):
     datasets = still_pending(config, snakemake.params.datasets)
-    fit_batch(config, datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
+    fit_batch(config, datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads,
+              bundle=snakemake.input.bundle)
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -6,5 +6,6 @@ from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
 config = sbc_config(snakemake_config(snakemake.config, snakemake.params.config_source))
 with log_to(snakemake.log[0]):
-    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads)
+    fit_batch(config, snakemake.params.datasets, batch_id=snakemake.wildcards.batch, threads=snakemake.threads,
+              bundle=snakemake.input.bundle)
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from testkit import write_config
+from testkit import HIERARCHICAL, REPO, snakemake, write_config
 
-from batchfit.model.imports import user_imports
+from batchfit.model.imports import user_import_files, user_imports
 
 BIN = Path(sys.executable).parent
 
@@ -88,6 +88,8 @@ def test_the_scan_finds_exactly_the_user_modules_python_loads(helpers: Path) -> 
 
     found = user_imports(helpers / "model.py")
     assert found == {name: hashlib.sha256(Path(path).read_bytes()).hexdigest() for name, path in loaded.items()}
+    # the workflow's jobs declare these files as inputs (#46)
+    assert user_import_files(helpers / "model.py") == sorted({str(Path(p).resolve()) for p in loaded.values()})
 
 
 def test_an_edit_to_a_helper_two_imports_away_changes_the_result(helpers: Path) -> None:
@@ -315,3 +317,23 @@ def test_a_project_whose_model_imports_modules_beside_it_checks_sweeps_and_calib
     (root / "noise.py").write_text("SCALE = 1.5\n")
     jobs = planned_jobs(root)
     assert jobs.get("fit") == 1 and jobs.get("compile") == 1, jobs
+
+
+def test_the_jobs_that_build_the_model_declare_its_local_imports_as_inputs(tmp_path: Path) -> None:
+    """A job reads the helper modules beside the model file: they are inputs, so Snakemake stages them (#46)."""
+    model = HIERARCHICAL.read_text().replace("import pymc as pm\n", "import pymc as pm\nimport bf_helper  # noqa\n", 1)
+    assert "import bf_helper" in model
+    (tmp_path / "model.py").write_text(model)
+    (tmp_path / "bf_helper.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "data").mkdir()
+    for source in sorted((REPO / "data" / "example").glob("*.csv"))[:2]:
+        (tmp_path / "data" / source.name).write_text(source.read_text())
+    config = write_config(tmp_path / "config.yaml", {
+        "model": str(tmp_path / "model.py"), "datasets": ["data/*.csv"], "columns": {"group": {"scope": "dataset"}},
+        "cache_dir": str(tmp_path / "cache"), "results_dir": "results"})
+    run = snakemake(tmp_path, config, "--filegraph")  # each rule's node lists its inputs, then its outputs
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rule in ("compile", "fit"):
+        node = run.stdout.split(f'point-size="18">{rule}</font>')[1]
+        inputs = node.split("output &rarr;")[0]
+        assert f">{tmp_path / 'bf_helper.py'}<" in inputs, (rule, inputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -160,7 +161,8 @@ def slurm() -> Iterator[None]:
             SLURM_CONF.write_text(previous_conf)
 
 
-def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | None = None) -> Path:
+def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | None = None,
+                 batch_size: int = 10) -> Path:
     """The workflow, models and example data under ``root``, and a small-sampler config of the example."""
     root.mkdir()
     for name in ("Snakefile", "workflow", "scripts", "models"):  # the schema link becomes a file
@@ -173,7 +175,7 @@ def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | 
     # batch_size 10: two fit jobs (the default, auto, gives a cluster one job for 20 datasets), so the
     # sweep shows one compile serving every job
     config = {**example, "sampler": {**example["sampler"], "draws": 200, "tune": 200}, "cache_dir": str(cache),
-              "batch_size": 10}
+              "batch_size": batch_size}
     (root / "config").mkdir()
     write_config(root / "config" / "test-sweep.yaml", config)
     return root / config["results_dir"]
@@ -244,3 +246,23 @@ def test_a_broken_dataset_fails_the_slurm_sweep_with_one_line_and_keeps_the_rest
     assert not (results / "status.txt").exists()  # reported, and removed so that the next run checks again
     assert all("cache hit" in log for log in fit_logs(results))
     assert cache_events(cache).count("miss") == 1
+
+
+@pytest.mark.slow
+def test_many_batches_go_to_slurm_as_one_job_array(slurm, tmp_path):
+    """The profile's slurm-array-jobs: ten fit jobs, ready together after the compile, are one sbatch."""
+    cache = tmp_path / "cache"
+    results = project_copy(tmp_path / "project", cache, batch_size=2)
+    proc = sweep(tmp_path / "project", user_profile(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    logs = fit_logs(results)
+    assert len(logs) == 10 and all("cache hit" in log for log in logs), logs
+    assert cache_events(cache).count("miss") == 1
+    # The plugin names an array task's log ARRAYID_TASK.log: one array of ten tasks.
+    names = sorted(p.name for p in (tmp_path / "project" / ".snakemake" / "slurm_logs" / "rule_fit").iterdir())
+    arrays = {name.split("_")[0] for name in names}
+    assert len(names) == 10 and all(re.fullmatch(r"\d+_\d+\.log", n) for n in names), names
+    assert len(arrays) == 1, names
+    # SLURM's own account of it (finished jobs stay listed: MinJobAge): ten tasks of that one array job.
+    tasks = run("squeue", "--noheader", "--states=all", "--array", "--jobs", arrays.pop(), "--format=%F %K").stdout
+    assert len(tasks.splitlines()) == 10 and len({line.split()[0] for line in tasks.splitlines()}) == 1, tasks

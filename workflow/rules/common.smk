@@ -8,7 +8,8 @@ from snakemake.utils import validate
 from batchfit.compat.snakemake import end_snakemake_rate_timers, exit_run
 from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.sweep.resources import fit_resources, fit_threads
-from batchfit.sweep.plan import compile_stamp_path, plan, sweep_plan, write_plan
+from batchfit.model.imports import user_import_files
+from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
@@ -18,6 +19,9 @@ BF = snakemake_config(config, CONFIG_SOURCE)
 validate(config, "../schemas/config.schema.yaml")
 LAYOUT = BF.layout
 COMPILED = compile_stamp_path(BF)
+BUNDLE = compiled_bundle_path(BF)
+# The user modules the model file imports, directly or not: read by every job that builds the model.
+MODEL_IMPORTS = user_import_files(BF.model)
 
 
 def total_cores():

@@ -1,15 +1,19 @@
 rule compile:
-    """Compile the model once into the shared cache (fit jobs then only load it).
+    """Compile the model once into the shared cache (fit jobs then only load it), and write the
+    compiled bundle: its entry as a file, which every fit job takes, so that a job whose cache lacks
+    the entry (no shared filesystem) installs it instead of compiling (batchfit.cache.bundle).
 
     No params: they are a rerun trigger, and the stamp is shared by every sweep of this model,
     whatever its config file is called (the Snakefile has already validated the config).
-    The model is `ancient`: the stamp's name holds the model's content digest, so touching the
-    file without changing it must not compile again.
+    The model and its local imports are `ancient`: the stamp's and the bundle's names hold their
+    content digest, so touching a file without changing it must not compile again.
     """
     input:
         model=ancient(str(BF.model)),
+        imports=[ancient(f) for f in MODEL_IMPORTS],
     output:
-        COMPILED,
+        stamp=COMPILED,
+        bundle=BUNDLE,
     log:
         LAYOUT.log("compile"),
     benchmark:

@@ -8,8 +8,10 @@ rule fit:
     each retry; a retry fits only the datasets a killed attempt left.
     """
     input:
-        compiled=rules.compile.output[0],
+        compiled=rules.compile.output.stamp,
+        bundle=rules.compile.output.bundle,
         model=str(BF.model),
+        imports=MODEL_IMPORTS,
         data=batch_datasets,
     output:
         LAYOUT.batch_manifest("{batch}"),

@@ -27,8 +27,10 @@ checkpoint sbc_simulate:
 rule sbc_fit:
     """One batch of simulated datasets, fitted exactly as the `fit` rule fits real ones."""
     input:
-        compiled=rules.compile.output[0],
+        compiled=rules.compile.output.stamp,
+        bundle=rules.compile.output.bundle,
         model=str(BF.model),
+        imports=MODEL_IMPORTS,
         data=lambda wildcards: [str(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
     output:
         SBC.batch_manifest("{batch}"),
@@ -55,7 +57,7 @@ rule sbc:
         simulations=SBC.simulations,
         # Not read here: listed so that Snakemake sees the compile from the start and runs it beside
         # the simulation checkpoint; otherwise it appears only after the checkpoint and waits for it.
-        compiled=rules.compile.output[0],
+        compiled=rules.compile.output.stamp,
         batches=lambda wildcards: [str(SBC.batch_manifest(b)) for b in sbc_plan().batches],
     output:
         ranks=SBC.ranks_csv,

@@ -29,6 +29,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from batchfit.cache.bundle import install_entry
 from batchfit.common.atomic import atomic_path
 from batchfit.common.hashing import file_sha256
 from batchfit.errors import CacheError
@@ -38,9 +39,14 @@ ENTRY_FORMAT = 1
 
 @dataclass(frozen=True)
 class CacheDir:
-    """A validated cache directory and the paths inside it."""
+    """A validated cache directory and the paths inside it.
+
+    ``bundle``: a compiled bundle (`batchfit.cache.bundle`) whose entries are installed when the
+    directory lacks them, as on an executor without a shared filesystem; None: none.
+    """
 
     root: Path
+    bundle: Path | None = None
 
     @classmethod
     def at(cls, root: str | Path) -> CacheDir:
@@ -102,9 +108,12 @@ def check_trust(path: Path, *, trust_shared: bool) -> None:
         )
 
 
-def open_cache(root: str | Path, *, trust_shared: bool = False) -> CacheDir:
-    """Create (private by default) and validate the cache directory, then point PyTensor at it."""
-    cache = CacheDir.at(root)
+def open_cache(root: str | Path, *, trust_shared: bool = False, bundle: str | Path | None = None) -> CacheDir:
+    """Create (private by default) and validate the cache directory, then point PyTensor at it.
+
+    ``bundle``: a compiled bundle to install missing entries from (see `CacheDir`).
+    """
+    cache = CacheDir(CacheDir.at(root).root, None if bundle is None else Path(bundle).resolve())
     try:
         cache.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -235,6 +244,7 @@ class Fetched[T]:
     hit: bool
     seconds: float  # to obtain it here, loading and (on a miss) building
     compile_seconds: float  # what building the entry cost when it was built
+    installed: bool = False  # a hit installed from the cache's compiled bundle first
 
 
 def get_or_build[T](cache: CacheDir, key: str, *, load: Callable[[dict[str, Any]], T],
@@ -245,14 +255,18 @@ def get_or_build[T](cache: CacheDir, key: str, *, load: Callable[[dict[str, Any]
     cannot be used; ``build()`` writes the entry's files and returns the rest of its manifest.
     This function owns the rest: the per-key lock (one process builds, the others wait and
     load), verification (a damaged entry is reported, removed and rebuilt), the manifest with
-    the files' digests, and the hit/miss statistics.
+    the files' digests, and the hit/miss statistics. An entry the cache lacks but its compiled
+    bundle holds (`CacheDir.bundle`) is installed from there, under the lock, and loaded: a hit.
     """
     start = time.perf_counter()
     loaded = _load_verified(cache, key, load)
-    hit = loaded is not None
+    hit, installed = loaded is not None, False
     if loaded is None:
         with compile_lock(cache, key, lock_timeout):
             loaded = _load_verified(cache, key, load)  # built by another process while we waited
+            if loaded is None and cache.bundle is not None and install_entry(cache, key, cache.bundle):
+                installed = True
+                loaded = _load_verified(cache, key, load)
             hit = loaded is not None
             if loaded is None:
                 build_start = time.perf_counter()
@@ -265,7 +279,7 @@ def get_or_build[T](cache: CacheDir, key: str, *, load: Callable[[dict[str, Any]
     seconds = time.perf_counter() - start
     compile_seconds = float(entry.get("compile_seconds", 0.0))
     record_event(cache, "hit" if hit else "miss", key, seconds, compile_seconds if hit else 0.0)
-    return Fetched(value, key, hit, seconds, compile_seconds)
+    return Fetched(value, key, hit, seconds, compile_seconds, installed)
 
 
 def _load_verified[T](cache: CacheDir, key: str,

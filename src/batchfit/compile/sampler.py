@@ -31,14 +31,16 @@ class CompileReport:
     hit: bool
     seconds: float
     compile_seconds: float
+    installed: bool = False  # from the sweep's compiled bundle (`batchfit.cache.bundle`)
 
     @classmethod
     def of(cls, fetched: Fetched[Any]) -> CompileReport:
-        return cls(fetched.key, fetched.hit, fetched.seconds, fetched.compile_seconds)
+        return cls(fetched.key, fetched.hit, fetched.seconds, fetched.compile_seconds, fetched.installed)
 
     def line(self) -> str:
         if self.hit:
-            return (f"cache hit {self.key[:12]}: ready in {self.seconds:.2f} s "
+            source = " (installed from the compiled bundle)" if self.installed else ""
+            return (f"cache hit {self.key[:12]}{source}: ready in {self.seconds:.2f} s "
                     f"(saved {self.compile_seconds:.1f} s of compiling)")
         return f"cache miss {self.key[:12]}: compiled in {self.compile_seconds:.1f} s"
 

@@ -37,8 +37,11 @@ from batchfit.fitting.provenance import Provenance, record
 log = logging.getLogger("batchfit")
 
 
-def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1) -> BatchReport:
+def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1,
+              bundle: Path | None = None) -> BatchReport:
     """Fit ``dataset_ids`` with one compile; write fits, failures and the manifest.
+
+    ``bundle``: the sweep's compiled bundle, installed into a cache that lacks its entry (`prepare`).
 
     With more threads than the sampler's chains, helper processes fit datasets of the batch
     beside this one (`batchfit.fitting.lanes`). With ``on_error: stop`` the first failure (in the batch's
@@ -52,8 +55,9 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
-    with lanes(config, dataset_ids, threads=threads) as job_lanes:  # helpers start first: their start overlaps ours
-        cache, paths, ref = prepare(config)
+    # the helpers start first: their start overlaps ours
+    with lanes(config, dataset_ids, threads=threads, bundle=bundle) as job_lanes:
+        cache, paths, ref = prepare(config, bundle=bundle)
         fitter = Fitter(config, ref, cache, compile_workers=threads)
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)

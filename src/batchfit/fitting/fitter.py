@@ -121,9 +121,10 @@ def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> 
     return lines
 
 
-def prepare(config: Config) -> tuple[CacheDir, Mapping[str, Path], Reference]:
-    """Open the cache, find datasets and build the reference model."""
-    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
+def prepare(config: Config, *, bundle: Path | None = None) -> tuple[CacheDir, Mapping[str, Path], Reference]:
+    """Open the cache (with ``bundle``, the compiled bundle it installs missing entries from: `open_cache`),
+    find datasets and build the reference model."""
+    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared, bundle=bundle)
     paths = discover_datasets(config)
     return cache, paths, reference_model(config, paths)
 

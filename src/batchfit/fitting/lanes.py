@@ -100,7 +100,8 @@ class Helper:
 class Lanes:
     """The helper lanes of one job, and the batch's claims they share with the job's own lane."""
 
-    def __init__(self, config: Config, dataset_ids: Sequence[str], *, threads: int, directory: Path):
+    def __init__(self, config: Config, dataset_ids: Sequence[str], *, threads: int, directory: Path,
+                 bundle: Path | None = None):
         lanes = lane_count(threads, config.sampler.chains, len(dataset_ids))
         self.threads_each = max(1, threads // lanes)
         self.claims = Claims(dataset_ids, directory / "claims" if lanes > 1 else None)
@@ -111,7 +112,7 @@ class Lanes:
         # The job's Config itself (a frozen dataclass), validated once, when the job read it.
         spec = directory / "lane.pickle"
         spec.write_bytes(pickle.dumps({"config": config, "ids": list(dataset_ids), "counter": str(self.claims.counter),
-                                       "threads": self.threads_each}))
+                                       "threads": self.threads_each, "bundle": bundle}))
         for number in range(1, lanes):
             process = subprocess.Popen([sys.executable, "-m", LANE_WORKER, str(spec)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -215,10 +216,13 @@ class Lanes:
 
 
 @contextlib.contextmanager
-def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int) -> Iterator[Lanes]:
-    """The lanes of a fit job for ``dataset_ids``; helpers are started now and ended on leaving."""
+def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int, bundle: Path | None = None) -> Iterator[Lanes]:
+    """The lanes of a fit job for ``dataset_ids``; helpers are started now and ended on leaving.
+
+    ``bundle``: the job's compiled bundle, which a helper installs from as the job does (`prepare`).
+    """
     with tempfile.TemporaryDirectory(prefix="batchfit-lanes-") as directory:
-        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory))
+        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory), bundle=bundle)
         try:
             yield job_lanes
         finally:

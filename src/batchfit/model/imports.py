@@ -183,6 +183,7 @@ class ModelImports:
 
     modules: dict[str, str]  # module name -> sha256 of its file
     shadowed: dict[str, tuple[str, str]]  # name -> (its file beside the model, what importing it loads)
+    files: dict[str, str]  # module name -> its file
 
     def shadow_error(self, model_file: str | Path) -> str:
         """Why the model file cannot import a module beside it ('' if it can)."""
@@ -197,6 +198,12 @@ def user_imports(path: str | Path) -> dict[str, str]:
     return scan(path).modules
 
 
+def user_import_files(path: str | Path) -> list[str]:
+    """The files of every user module ``path`` imports, directly or not: what a job that builds the
+    model reads besides the model file (the workflow declares them as its inputs)."""
+    return sorted(set(scan(path).files.values()))
+
+
 def scan(path: str | Path) -> ModelImports:
     """The user modules ``path`` imports, directly or not, and the files beside it that its imports
     cannot reach because a library module of that name is found first."""
@@ -205,6 +212,7 @@ def scan(path: str | Path) -> ModelImports:
     if finder is not None:  # files written since it listed the folder
         finder.invalidate_caches()
     found: dict[str, str] = {}
+    files: dict[str, str] = {}
     shadowed: dict[str, tuple[str, str]] = {}
     pending = [(Path(path), "", True)]
     seen_files = {Path(path).resolve()}
@@ -223,11 +231,12 @@ def scan(path: str | Path) -> ModelImports:
             if not (local or is_user_file(origin)) or name.partition(".")[0] in _COVERED_ELSEWHERE:
                 continue
             found[name] = file_sha256(origin)
+            files[name] = str(origin)
             if origin.suffix == ".py" and origin not in seen_files:
                 seen_files.add(origin)
                 pending.append((origin, name if spec.submodule_search_locations is not None
                                 else name.rpartition(".")[0], own and local))
-    return ModelImports(dict(sorted(found.items())), shadowed)
+    return ModelImports(dict(sorted(found.items())), shadowed, dict(sorted(files.items())))
 
 
 def is_user_file(filename: str | Path) -> bool:

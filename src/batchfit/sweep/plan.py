@@ -174,3 +174,13 @@ def compile_stamp_path(config: Config) -> Path:
              *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
+
+
+def compiled_bundle_path(config: Config) -> Path:
+    """Where the compile stage writes the bundle of its entries for the fit jobs (`batchfit.cache.bundle`).
+
+    Beside the stamp and named alike, not under ``results_dir``: a sweep whose results were
+    deleted, or another sweep of the same model, finds both and skips the compile job, as before.
+    Without a shared filesystem Snakemake moves it through storage like any other file.
+    """
+    return compile_stamp_path(config).with_suffix(".zip")

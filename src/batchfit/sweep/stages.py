@@ -11,9 +11,11 @@ import logging
 import resource
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from batchfit.cache.store import open_cache
+from batchfit.cache.bundle import write_bundle
+from batchfit.cache.store import open_cache, read_entry
 from batchfit.common.standby import Standby
 from batchfit.compile.workers import compile_workers, worker_environment
 from batchfit.config import Config
@@ -33,8 +35,11 @@ from batchfit.sweep.sbc.sweep import sbc_config
 log = logging.getLogger("batchfit")
 
 
-def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]:
+def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | None = None) -> dict[str, Any]:
     """Fill the cache ahead of the fit jobs with the reference dataset's structure.
+
+    ``bundle``: where to also write that structure's entry as a compiled bundle, which the fit jobs
+    install from when their cache lacks it (`batchfit.cache.bundle`: no shared filesystem).
 
     A structure batchfit's cached path cannot take is reported (a warning) and left to nutpie's
     own compile in the fit jobs; other structures met in the fit jobs are compiled there, once.
@@ -54,9 +59,14 @@ def run_compile(config: Config, *, workers: int | Standby = 1) -> dict[str, Any]
     structure = fitter.reference
     # a sampler setting the reference's path cannot honour stops the sweep here, before any fit job
     fitter.check_settings(structure, ref.model, ref.dataset, reference=True)
-    return {"key": structure.key, "structure": structure.id, "path": structure.path,
-            "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
-            "reference_fit": measure_fit(config, fitter)}
+    stamp = {"key": structure.key, "structure": structure.id, "path": structure.path,
+             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
+             "reference_fit": measure_fit(config, fitter)}
+    if bundle is not None:  # after the measured fit, which may fill PyTensor's cache further
+        entries = {structure.key: read_entry(cache, structure.key)} if structure.compiled is not None else {}
+        outputs = config.outputs.log_likelihood or config.outputs.posterior_predictive
+        write_bundle(cache, entries, bundle, shared_caches=outputs)
+    return stamp
 
 
 def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
