@@ -532,6 +532,33 @@ def feature_cases() -> list[Case]:
             cut = pm.Normal("cut", np.array([-1.0, 1.0]), 2.0, transform=pm.distributions.transforms.ordered)
             pm.OrderedLogistic("grade_obs", eta=b * x, cutpoints=cut, observed=grade, shape=x.shape)
         """), _csv({"x": x, "grade": np.digitize(x + r.logistic(0.0, 1.0, n), [-1.0, 1.0])})),
+        # varying intercepts and slopes with LKJ-correlated group effects (the compile benchmark's slow case)
+        Case("lkj-varying-intercept-slope", _model("""
+            x = pm.Data("x", data["x"])
+            group = pm.Data("group", data["group"])
+            y = pm.Data("y", data["y"])
+            chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(1.0, shape=2))
+            mu = pm.Normal("mu", 0.0, 5.0, dims="coef")
+            z = pm.Normal("z", 0.0, 1.0, dims=("groups", "coef"))
+            effects = pm.Deterministic("effects", mu + pt.dot(z, chol.T), dims=("groups", "coef"))
+            sigma = pm.HalfNormal("sigma", 2.0)
+            pm.Normal("y_obs", effects[group, 0] + effects[group, 1] * x, sigma, observed=y, shape=x.shape)
+        """, coords='coords={"groups": data.coords["group"], "coef": ["intercept", "slope"]}'),
+             _csv({"x": x, "group": group, "y": y})),
+        Case("zinb-group-regression", _model("""
+            x = pm.Data("x", data["x"])
+            group = pm.Data("group", data["group"])
+            count = pm.Data("count", data["count"])
+            a = pm.Normal("a", 0.0, 2.0)
+            b = pm.Normal("b", 0.0, 2.0)
+            sigma_g = pm.HalfNormal("sigma_g", 1.0)
+            g = pm.Normal("g", 0.0, sigma_g, dims="groups")
+            psi = pm.Beta("psi", 2.0, 2.0)
+            alpha = pm.Gamma("alpha", 2.0, 0.5)
+            pm.ZeroInflatedNegativeBinomial("count_obs", psi=psi, mu=pm.math.exp(a + b * x + g[group]), alpha=alpha,
+                                            observed=count, shape=x.shape)
+        """, coords='coords={"groups": data.coords["group"]}'),
+             _csv({"x": x, "group": group, "count": np.where(r.random(n) < 0.3, 0, counts)})),
         # a shape computed from the data as a Python int rather than dims=
         Case("shape-from-data-python-int", _model("""
             group = pm.Data("group", data["group"])

@@ -333,3 +333,22 @@ onsuccess:
         if code:
             assert run.stderr.rstrip().endswith("verdict line two"), run.stderr
         assert not any((tmp_path / ".snakemake" / "locks").glob("*")), "the run left its lock behind"
+
+
+def test_pytensor_numba_linker_wraps_the_graph_function_and_keys_node_functions():
+    import pytensor
+    import pytensor.tensor as pt
+
+    from batchfit.compat.pytensor import graph_function, node_function
+
+    x = pt.dvector("x")
+    fn = pytensor.function([x], pt.exp(x).sum(), mode="NUMBA")
+    jit_fn = fn.vm.jit_fn
+    inner = graph_function(jit_fn)
+    assert inner is not jit_fn, "PyTensor's final function no longer calls its graph's function as jitable_func"
+    assert inner.py_func.__name__ == "numba_funcified_fgraph", "jitable_func is no longer the graph's function"
+    found = [node_function(node) for node in fn.maker.fgraph.toposort()]
+    assert found and all(f is not None and isinstance(f[1], str) for f in found), \
+        "pytensor's numba_funcify_ensure_cache no longer returns (dispatcher, cache key) for these nodes"
+    assert hasattr(found[0][0], "get_call_template") and hasattr(found[0][0].stats, "cache_hits"), \
+        "numba Dispatcher.get_call_template or Dispatcher.stats.cache_hits is gone"

@@ -16,6 +16,8 @@ from typing import Any
 
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import CacheDir, CorruptEntry
+from batchfit.compat.pytensor import graph_function
+from batchfit.compile.ahead import compile_back_to_meet
 from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compile.extras import warm_extras
 from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
@@ -39,37 +41,48 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     from numba.core.errors import NumbaError
 
     clock = _StageClock(key)
+    # The expansion's worker also rewrites the log density's graph, whose node functions it compiles ahead.
+    kinds = ("logp", "expand") if part == "rest" else PARTS[part]
     with record_generic_fallbacks() as fallbacks:
-        spec, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+        spec, functions = compile_sampler_functions(model, graphs, kinds)
     if fallbacks:
         # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
         ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
         raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
                                     "numba runs in object mode and batchfit's cached callbacks cannot call")
-    clock.stage("log density, gradient and expansion functions")
+    clock.stage(f"PyTensor functions ({', '.join(functions)})")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind in PARTS[part]:
             try:
-                make_callback(spec, kind, key, cache, (logp_fn if kind == "logp" else expand_fn).vm.jit_fn)
+                make_callback(spec, kind, key, cache, graph_function(functions[kind].vm.jit_fn))
             except NumbaError as exc:
                 unsupported = numba_failure_of_the_model(exc, kind)
                 if unsupported is None:
                     raise
                 raise unsupported from exc
-            if not list(cache.numba_dir.glob(f"batchfit_{kind}*-{key}.*.nbc")):
+            if not _callback_files(cache, kind, key):
                 raise CachedPathUnsupported(
                     f"numba could not cache the {kind} callback; the model uses an operation that "
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
             clock.stage(f"nutpie's {kind} callback (numba, cached)")
+    if part == "rest":  # before the functions below, whose node functions the walk would take for the other's
+        count = compile_back_to_meet(functions["logp"].maker.fgraph, [functions["expand"].maker.fgraph],
+                                     lambda: _callback_files(cache, "logp", key) != [])
+        clock.stage(f"{count} of the log density's node functions, from its last node back")
     if part != "logp":
         SamplerFunctions(model).shapes()
         clock.stage("per-process functions (initial point, shapes)")
         warm_extras(model, outputs)
         clock.stage("optional outputs")
     return {"spec": spec.to_json()}
+
+
+def _callback_files(cache: CacheDir, kind: str, key: str) -> list[Any]:
+    """The machine-code files numba wrote for an entry's callback (none until it is compiled)."""
+    return list(cache.numba_dir.glob(f"batchfit_{kind}*-{key}.*.nbc"))
 
 
 def numba_failure_of_the_model(exc: Exception, kind: str) -> CachedPathUnsupported | None:

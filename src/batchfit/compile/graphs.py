@@ -111,27 +111,33 @@ def _shared_inputs(inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
     return shared
 
 
-def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None) -> tuple[WrapperSpec, Any, Any]:
-    """Compile both callbacks' graphs with PyTensor's numba backend; the spec lists their inputs."""
+CALLBACKS = ("logp", "expand")  # nutpie's two callbacks, in the order an entry's manifest lists them
+
+
+def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None,
+                              kinds: Sequence[str] = CALLBACKS) -> tuple[WrapperSpec, dict[str, Any]]:
+    """Compile the graphs of the callbacks ``kinds`` with PyTensor's numba backend; the spec lists their inputs.
+
+    Only the kinds asked for: PyTensor's rewrites of a graph take a compile worker up to 1-2 s, and
+    each of the two workers compiles one callback (`batchfit.compile.workers.PARTS`).
+    """
     from pymc.pytensorf import compile as compile_pymc
 
     import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
 
     graphs = graphs or SamplerGraphs.of(model)
+    outputs = {"logp": graphs.logp_and_gradient, "expand": lambda: [graphs.expanded]}
     with model:
-        logp_fn = compile_pymc(list(graphs.inputs), graphs.logp_and_gradient(), mode="NUMBA",
-                               on_unused_input="ignore")
-        expand_fn = compile_pymc(list(graphs.inputs), [graphs.expanded], mode="NUMBA", on_unused_input="ignore")
+        functions = {kind: compile_pymc(list(graphs.inputs), outputs[kind](), mode="NUMBA", on_unused_input="ignore")
+                     for kind in kinds}
     n_params = len(graphs.inputs)
-    compiled = WrapperSpec(
-        logp=(*graphs.spec.logp[:n_params], *(slot_of(v, model) for v in logp_fn.get_shared())),
-        expand=(*graphs.spec.expand[:n_params], *(slot_of(v, model) for v in expand_fn.get_shared())),
-    )
-    if compiled != graphs.spec:  # the key covered the predicted callback source: it must be the real one
-        raise RuntimeError(f"PyTensor ordered the compiled functions' data inputs unexpectedly: "
-                           f"{compiled} != {graphs.spec}")
-    return graphs.spec, logp_fn, expand_fn
-
+    for kind, fn in functions.items():
+        predicted = getattr(graphs.spec, kind)
+        compiled = (*predicted[:n_params], *(slot_of(v, model) for v in fn.get_shared()))
+        if compiled != predicted:  # the key covered the predicted callback source: it must be the real one
+            raise RuntimeError(f"PyTensor ordered the {kind} function's data inputs unexpectedly: "
+                               f"{compiled} != {predicted}")
+    return graphs.spec, functions
 
 
 def sampler_key(model: Any, graphs: SamplerGraphs | None = None) -> str:

@@ -222,11 +222,11 @@ def fast_path_problems(model: Any) -> list[str]:
 
     try:
         graphs = SamplerGraphs.of(model)
-        _, logp_fn, expand_fn = compile_sampler_functions(model, graphs)
+        _, functions = compile_sampler_functions(model, graphs)
     except CachedPathUnsupported as exc:
         return [one_line(exc)]
     names = list(model.named_vars)
-    found = [str(f) for fn in (logp_fn, expand_fn) for f in fallbacks_in_function(fn, variable_names=names)]
+    found = [str(f) for fn in functions.values() for f in fallbacks_in_function(fn, variable_names=names)]
     return list(dict.fromkeys(found))
 
 

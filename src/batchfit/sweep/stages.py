@@ -90,6 +90,7 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
                 exc_info=None if is_expected(exc) else exc)
         return None
     seconds = time.perf_counter() - start
+    log.info("reference fit of %s in %.1f s", ref.id, seconds)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s = config.sampler
     return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune, "chains": s.chains}

@@ -1,0 +1,154 @@
+"""Cold compile over the parity corpus: batchfit's compile job against nutpie's compile, per model.
+
+    python benchmarks/compile.py [--runs 2] [--models NAME ...]
+
+Every measurement is a fresh process on empty caches, as a new user meets it:
+
+* batchfit: ``batchfit compile --config <case> --threads 2`` (the compile job: two worker processes)
+  with a fresh ``cache_dir``. Its parts come from the job's own log lines: the graphs and PyTensor's
+  rewrites, numba's compile of each callback (per worker), the per-process functions, the optional
+  outputs, the whole compile (workers included), the reference fit; "other" is the rest of the
+  process wall (imports, reading the data, the model's key, loading the entry, start-up and exit).
+* nutpie: a fresh process running ``nutpie.compile_pymc_model(build_model(...))`` on the same model
+  and dataset, with a fresh PyTensor ``compiledir`` (its numba cache lives there).
+
+The two alternate (batchfit first in even runs, nutpie first in odd ones), so machine noise hits both
+alike. Prints a row per model (medians over the runs) with the ratio of process walls, then the
+median ratio and the worst; every run goes to benchmarks/results/compile/compile.csv.
+"""
+
+from __future__ import annotations
+
+import time
+
+_T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+# batchfit's log lines this benchmark reads the parts from (batchfit.compile.entry._StageClock,
+# batchfit.cache.store's miss line, batchfit.sweep.stages.measure_fit)
+STAGE = re.compile(r"compile worker \((\w+)\): INFO compile \w+: (.+) in ([\d.]+) s")
+COMPILED = re.compile(r"cache miss \w+: compiled in ([\d.]+) s")
+REFERENCE_FIT = re.compile(r"reference fit of .+ in ([\d.]+) s")
+PARTS = {"nutpie's logp callback (numba, cached)": "numba_logp",
+         "nutpie's expand callback (numba, cached)": "numba_expand",
+         "per-process functions (initial point, shapes)": "per_process",
+         "optional outputs": "outputs"}
+
+
+def nutpie_child(config_path: str) -> None:
+    """One nutpie process: build the case's model from its dataset, ``nutpie.compile_pymc_model`` it."""
+    import nutpie
+
+    from batchfit.config import load_config
+    from batchfit.data.dataset import load_dataset
+    from batchfit.data.discovery import discover_datasets
+    from batchfit.model.model_file import build_model, load_model_file
+
+    t_import = time.perf_counter()
+    config = load_config(config_path)
+    datasets = discover_datasets(config)
+    dataset_id = next(iter(datasets))
+    model = build_model(load_model_file(config.model), load_dataset(dataset_id, datasets[dataset_id]))
+    t_build = time.perf_counter()
+    nutpie.compile_pymc_model(model)
+    t_compiled = time.perf_counter()
+    print(json.dumps({"import_s": t_import - _T0, "build_s": t_build - t_import, "compile_s": t_compiled - t_build}))
+
+
+def batchfit_parts(stderr: str) -> dict[str, float]:
+    """The compile job's parts from its log (a part two workers both ran: the longer)."""
+    parts: dict[str, float] = {}
+    for _worker, stage, seconds in STAGE.findall(stderr):
+        name = "graphs" if stage.startswith("PyTensor functions") else PARTS.get(stage, stage)
+        parts[name] = max(parts.get(name, 0.0), float(seconds))
+    for pattern, name in ((COMPILED, "compile"), (REFERENCE_FIT, "reference_fit")):
+        found = pattern.search(stderr)
+        parts[name] = float(found.group(1)) if found else float("nan")
+    return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--models", nargs="*", help="corpus case names (default: the whole corpus)")
+    parser.add_argument("--nutpie-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.nutpie_child:
+        nutpie_child(args.nutpie_child)
+        return
+
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import parity_corpus
+    import yaml
+    from common import RESULTS, child_env, fresh_dir, load_average, machine_line, median, run_tracked
+
+    out = fresh_dir(RESULTS / "compile")
+    corpus = parity_corpus.cases()
+    names = args.models or list(corpus)
+    unknown = sorted(set(names) - set(corpus))
+    if unknown:
+        raise SystemExit(f"not in the parity corpus: {', '.join(unknown)}")
+    print(f"# compile: {machine_line()}; load average {load_average()}")
+    configs = {name: parity_corpus.write_case(corpus[name], out / "cases", out / "unused-cache") for name in names}
+
+    def batchfit(name: str, run: int) -> dict:
+        config = yaml.safe_load(configs[name].read_text())
+        config["cache_dir"] = str(fresh_dir(out / "caches" / f"{name}-{run}"))
+        path = configs[name].with_name(f"config-{run}.yaml")
+        path.write_text(yaml.safe_dump(config))
+        r = run_tracked([sys.executable, "-m", "batchfit.cli", "compile", "--config", str(path), "--threads", "2"],
+                        env=child_env(), cwd=path.parent).check()
+        return {"wall_s": r.wall, **batchfit_parts(r.stderr)}
+
+    def nutpie(name: str, run: int) -> dict:
+        pytensor_dir = fresh_dir(out / "nutpie-pytensor" / f"{name}-{run}")
+        r = run_tracked([sys.executable, __file__, "--nutpie-child", str(configs[name])],
+                        env=child_env(pytensor_dir), cwd=configs[name].parent).check()
+        return {"wall_s": r.wall, **r.json()}
+
+    rows = []
+    for run in range(args.runs):
+        for name in names:
+            sides = [("batchfit", batchfit), ("nutpie", nutpie)]
+            for side, measure in sides if run % 2 == 0 else sides[::-1]:
+                rows.append({"model": name, "run": run, "side": side, **measure(name, run)})
+                print(f"  run {run} {name} {side}: {rows[-1]['wall_s']:.1f} s", flush=True)
+
+    columns = sorted({key for row in rows for key in row}, key=lambda k: (k not in ("model", "run", "side"), k))
+    with open(out / "compile.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def med(name: str, side: str, key: str) -> float:
+        return median(row.get(key, float("nan")) for row in rows if row["model"] == name and row["side"] == side)
+
+    parts = ("graphs", "numba_logp", "numba_expand", "per_process", "outputs", "compile", "reference_fit")
+    print(f"\n{'model':36s} {'batchfit':>8s} {'nutpie':>7s} {'ratio':>6s}   batchfit parts (s): "
+          + " ".join(parts) + " other")
+    ratios = {}
+    for name in names:
+        bf, nu = med(name, "batchfit", "wall_s"), med(name, "nutpie", "wall_s")
+        ratios[name] = bf / nu
+        values = [med(name, "batchfit", p) for p in parts]
+        other = bf - values[parts.index("compile")] - values[parts.index("reference_fit")]
+        print(f"{name:36s} {bf:8.1f} {nu:7.1f} {ratios[name]:6.2f}   "
+              + " ".join(f"{v:.1f}" for v in values) + f" {other:.1f}")
+    worst = max(ratios, key=ratios.get)
+    print(f"\nbatchfit / nutpie cold compile (process wall, median of {args.runs} runs each): corpus median "
+          f"{median(ratios.values()):.2f}, worst {ratios[worst]:.2f} ({worst}), {len(ratios)} models; "
+          f"load average {load_average()}")
+    print(f"runs: {out / 'compile.csv'}")
+
+
+if __name__ == "__main__":
+    main()
