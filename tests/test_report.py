@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import itertools
 import json
@@ -12,7 +13,7 @@ import subprocess
 import textwrap
 import zipfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -523,13 +524,31 @@ def chromium() -> str:
     return path
 
 
-@pytest.mark.slow
-def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache):
+@contextlib.contextmanager
+def chromium_page(tmp_path: Path) -> Iterator[tuple[Any, list[str]]]:
+    """A page of the system chromium (headless, driven by playwright, which downloads no browser),
+    and the list its page errors and console errors are appended to."""
     browser_path = chromium()
     try:
-        from playwright.sync_api import sync_playwright  # drives the system chromium: no browser download
+        from playwright.sync_api import sync_playwright
     except ImportError:
         missing("playwright is not installed (pip install -e '.[test]')")
+    errors: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=browser_path, args=CHROMIUM_FLAGS[1:],
+            headless=True, viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+        try:
+            yield page, errors
+        finally:
+            context.close()
+
+
+@pytest.mark.slow
+def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache):
     config = write_sweep(tmp_path, session_cache, 3)
     bad = pd.read_csv(tmp_path / "data" / "shop_000.csv")
     bad.loc[0, "y"] = np.nan
@@ -566,14 +585,7 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"report screenshots: {artifacts}")
 
-    errors: list[str] = []
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=browser_path, args=CHROMIUM_FLAGS[1:],
-            headless=True, viewport={"width": 1400, "height": 900})
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-        page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    with chromium_page(tmp_path) as (page, errors):
         page.goto((tmp_path / "report.html").as_uri())
         assert "batchfit fitted the model" in page.inner_text("body")
         page.screenshot(path=artifacts / "report-start.png")
@@ -623,17 +635,11 @@ def test_report_opens_in_chromium_with_plots_and_tables(tmp_path, session_cache)
         assert compile_key in text and "models/hierarchical.py" in text and "pymc" in text
         sampled = sorted(xr.open_datatree(f).attrs["created_at"] for f in (results / "fits").glob("*.nc"))
         assert f"first fit sampled\t{sampled[0]}" in text and f"last fit sampled\t{sampled[-1]}" in text
-        context.close()
     assert errors == []
 
 
 def test_the_comparison_page_of_a_sweep_of_variants_opens_in_chromium(variant_sweep, tmp_path):
     """The compare rule's page in Snakemake's report (#48): wins per variant and the unreliable comparisons."""
-    browser_path = chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing("playwright is not installed (pip install -e '.[test]')")
     shutil.copytree(variant_sweep.parent, tmp_path, dirs_exist_ok=True)  # the report's run leaves the fixture as it is
     made = snakemake(tmp_path, tmp_path / variant_sweep.name, "--report", "report.html")
     assert made.returncode == 0, made.stderr[-3000:]
@@ -641,13 +647,7 @@ def test_the_comparison_page_of_a_sweep_of_variants_opens_in_chromium(variant_sw
     winners = comparison[comparison["rank"] == 0]["variant"].value_counts()
     unreliable = sorted(set(comparison[comparison[K_COLUMN] > 0]["dataset"]))
 
-    errors: list[str] = []
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=browser_path, args=CHROMIUM_FLAGS[1:],
-            headless=True, viewport={"width": 1400, "height": 900})
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    with chromium_page(tmp_path) as (page, errors):
         page.goto((tmp_path / "report.html").as_uri())
         page.get_by_role("link", name="0. Variants").click()
         page.locator("tr", has_text="variants compared per dataset").locator("a").first.click()
@@ -655,7 +655,6 @@ def test_the_comparison_page_of_a_sweep_of_variants_opens_in_chromium(variant_sw
         frames = [f for f in page.frames if f.url.startswith("data:text/html")]
         assert len(frames) == 1, [f.url[:60] for f in page.frames]
         text = frames[0].inner_text("body")
-        context.close()
     assert errors == []
     assert "Wins per variant" in text and f"Unreliable comparisons ({len(unreliable)} dataset(s))" in text
     for variant in comparison["variant"].unique():  # variant, datasets compared, wins

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.errors import ConfigError
+from batchfit.outputs.table_page import write_table_and_page
 from batchfit.variants import variant_configs
 
 log = logging.getLogger("batchfit")
@@ -85,16 +85,8 @@ def comparisons(config: Config) -> Iterator[pd.DataFrame]:
 
 def write_comparison(config: Config) -> list[Path]:
     """The compare rule: results_dir/comparison.csv, written a dataset at a time, and its report page."""
-    path, report = config.layout.comparison, config.layout.report_pages / "comparison.html"
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as file:
-            file.write(",".join(COLUMNS) + "\n")
-            for rows in comparisons(config):
-                rows.to_csv(file, header=False, index=False)
-    report.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(report) as tmp:
-        tmp.write_text(comparison_page(pd.read_csv(path)), encoding="utf-8")
-    return [path, report]
+    return write_table_and_page(config.layout.comparison, COLUMNS, comparisons(config),
+                                config.layout.report_pages / "comparison.html", comparison_page)
 
 
 def wins(comparison: pd.DataFrame) -> pd.DataFrame:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.errors import ConfigError
 from batchfit.outputs.compare import fitted_datasets
+from batchfit.outputs.table_page import write_table_and_page
 
 THRESHOLD = 0.05  # psense_summary's: above it a parameter is sensitive to the prior (or likelihood) power-scaled
 COLUMNS = ["dataset", "parameter", "prior", "likelihood", "diagnosis"]
@@ -47,16 +47,9 @@ def sensitivities(config: Config) -> Iterator[pd.DataFrame]:
 
 def write_sensitivity(config: Config) -> list[Path]:
     """The sensitivity rule: sensitivity.csv, written a dataset at a time, and its report page."""
-    path, report = config.layout.sensitivity, config.layout.report_pages / "sensitivity.html"
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as file:
-            file.write(",".join(COLUMNS) + "\n")
-            for rows in sensitivities(config):
-                rows.to_csv(file, header=False, index=False)
-    report.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(report) as tmp:
-        tmp.write_text(sensitivity_page(pd.read_csv(path, keep_default_na=False)), encoding="utf-8")
-    return [path, report]
+    return write_table_and_page(config.layout.sensitivity, COLUMNS, sensitivities(config),
+                                config.layout.report_pages / "sensitivity.html", sensitivity_page,
+                                keep_default_na=False)
 
 
 def sensitive_counts(table: pd.DataFrame) -> pd.DataFrame:
