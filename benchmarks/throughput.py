@@ -58,6 +58,7 @@ def child(args: argparse.Namespace) -> None:
 
     import batchfit.fitting.fitter as fit
     from batchfit.data.dataset import load_dataset
+    from batchfit.fitting.batch import fit_datasets
 
     t_import = time.perf_counter()
     cache, paths, ref = fit.prepare(config)
@@ -83,7 +84,7 @@ def child(args: argparse.Namespace) -> None:
 
     def fit_all(job_fitter, threads: int, record_rss: bool = False) -> float:
         start = time.perf_counter()
-        for i, (_, outcome) in enumerate(fit.fit_datasets(job_fitter, enumerate(ids), paths, threads=threads), 1):
+        for i, (_, outcome) in enumerate(fit_datasets(job_fitter, enumerate(ids), paths, threads=threads), 1):
             if outcome.status != "ok":
                 raise SystemExit(f"{outcome.dataset} failed at {outcome.stage}: {outcome.message}")
             if record_rss and (i == 10 or i % 50 == 0 or i == len(ids)):
@@ -101,7 +102,7 @@ def child(args: argparse.Namespace) -> None:
 
         pr = cProfile.Profile()
         pr.enable()
-        list(fit.fit_datasets(fitter, enumerate(ids[:10]), paths, threads=2))
+        list(fit_datasets(fitter, enumerate(ids[:10]), paths, threads=2))
         pr.disable()
         buf = io.StringIO()
         st = pstats.Stats(pr, stream=buf)

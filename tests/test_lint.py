@@ -44,3 +44,28 @@ def test_no_module_is_over_the_size_a_reader_takes_in():
     """A module has one job a reader can name; past a few hundred lines it has grown several (#44)."""
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in (REPO / "src").rglob("*.py")}
     assert {path: n for path, n in sizes.items() if n > 450} == {}
+
+
+def test_every_batchfit_name_the_benchmarks_use_exists():
+    """The benchmarks run rarely, outside the suite: a moved or renamed function must fail here, not
+    months later in a benchmark (``throughput.py`` called ``fitter.fit_datasets`` after #44 moved it)."""
+    import ast
+    import importlib
+
+    missing = []
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        aliases = {}  # `import batchfit.x.y as name` -> the module, for `name.attr`
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("batchfit"):
+                module = importlib.import_module(node.module)
+                missing += [f"{script.name}: {node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("batchfit"):
+                        aliases[a.asname or a.name] = importlib.import_module(a.name)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and not hasattr(aliases[node.value.id], node.attr)):
+                missing.append(f"{script.name}: {aliases[node.value.id].__name__}.{node.attr}")
+    assert missing == []
