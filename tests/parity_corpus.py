@@ -343,6 +343,16 @@ def _rng(name: str) -> np.random.Generator:
     return np.random.default_rng(_seed(name))
 
 
+def _varying_slopes(rng: np.random.Generator, n_groups: int = 6, per_group: int = 6) -> dict[str, Any]:
+    """Columns x, group, y of a regression whose intercept and slope vary by group."""
+    n = n_groups * per_group
+    idx = np.arange(n) % n_groups
+    x = np.round(rng.normal(0.0, 1.0, n), 4)
+    a, b = rng.normal(0.0, 1.0, n_groups), rng.normal(0.0, 0.5, n_groups)
+    y = np.round(0.5 + a[idx] + (1.0 + b[idx]) * x + rng.normal(0.0, 0.5, n), 4)
+    return {"x": x, "group": np.array([f"g{k}" for k in range(n_groups)])[idx], "y": y}
+
+
 def feature_cases() -> list[Case]:
     """Hand-written models for what a model file may do; each name says what it covers."""
     r = _rng("features")
@@ -532,19 +542,20 @@ def feature_cases() -> list[Case]:
             cut = pm.Normal("cut", np.array([-1.0, 1.0]), 2.0, transform=pm.distributions.transforms.ordered)
             pm.OrderedLogistic("grade_obs", eta=b * x, cutpoints=cut, observed=grade, shape=x.shape)
         """), _csv({"x": x, "grade": np.digitize(x + r.logistic(0.0, 1.0, n), [-1.0, 1.0])})),
-        # varying intercepts and slopes with LKJ-correlated group effects (the compile benchmark's slow case)
+        # varying intercepts and slopes with LKJ-correlated group effects (the compile benchmark's slow
+        # case): six groups of six rows and its own data, so that pm.sample's chains mix
         Case("lkj-varying-intercept-slope", _model("""
             x = pm.Data("x", data["x"])
             group = pm.Data("group", data["group"])
             y = pm.Data("y", data["y"])
-            chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(1.0, shape=2))
+            chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(2.0, shape=2))
             mu = pm.Normal("mu", 0.0, 5.0, dims="coef")
             z = pm.Normal("z", 0.0, 1.0, dims=("groups", "coef"))
             effects = pm.Deterministic("effects", mu + pt.dot(z, chol.T), dims=("groups", "coef"))
             sigma = pm.HalfNormal("sigma", 2.0)
             pm.Normal("y_obs", effects[group, 0] + effects[group, 1] * x, sigma, observed=y, shape=x.shape)
         """, coords='coords={"groups": data.coords["group"], "coef": ["intercept", "slope"]}'),
-             _csv({"x": x, "group": group, "y": y})),
+             _csv(_varying_slopes(_rng("lkj-varying-intercept-slope")))),
         Case("zinb-group-regression", _model("""
             x = pm.Data("x", data["x"])
             group = pm.Data("group", data["group"])

@@ -9,6 +9,7 @@ The references: the user's own traceback (calling their helper), ArviZ on the fi
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -45,9 +46,9 @@ def project_with_problems(root: Path, cache: Path) -> Path:
     for name in ("e_one", "e_two"):
         table(10, 2, 1).to_csv(root / "data" / f"{name}.csv", index=False)
     (root / "rowcheck.py").write_text(HELPER)
-    model = HIERARCHICAL.read_text().replace("def build_model(data):\n",
-                                             "from rowcheck import enough_rows\n\n\ndef build_model(data):\n"
-                                             "    enough_rows(data['y'])\n")
+    model = re.sub(r"(?m)^def build_model\(data.*\):\n",
+                   lambda m: f"from rowcheck import enough_rows\n\n\n{m.group(0)}    enough_rows(data['y'])\n",
+                   HIERARCHICAL.read_text(), count=1)
     assert "enough_rows(data['y'])" in model
     (root / "model.py").write_text(model)
     return write_config(root / "sweep.yaml", sweep_settings(cache, model="model.py", batch_size=4,

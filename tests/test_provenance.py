@@ -28,7 +28,7 @@ from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
 from batchfit.model.simulate import simulate_datasets
 from batchfit.schema import config_schema
-from batchfit.sweep.plan import compile_stamp_path, plan
+from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan
 from batchfit.sweep.stages import run_collect, run_compile, run_fit
 
 IDS = ["shop_000", "shop_001", "shop_002"]
@@ -315,9 +315,11 @@ def snakemake_dry_run(root: Path, config: dict) -> dict[str, int]:
 def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, session_cache: Path) -> None:
     """After a sweep: batch manifests and the compile stamp exist, each newer than its inputs."""
     config = config_from_dict(settings(project, session_cache))
-    write_json(compile_stamp_path(config), run_compile(config))
+    # the compile rule's two outputs: its stamp, and the bundle fit jobs take as an input
+    write_json(compile_stamp_path(config), run_compile(config, bundle=compiled_bundle_path(config)))
     manifests = min(p.stat().st_mtime for p in config.layout.batches.glob("*.json"))
-    os.utime(compile_stamp_path(config), (manifests - 1, manifests - 1))  # written before the fits
+    for output in (compile_stamp_path(config), compiled_bundle_path(config)):
+        os.utime(output, (manifests - 1, manifests - 1))  # written before the fits
     for path in [project / "model.py", *(project / "data").glob("*.csv")]:
         os.utime(path, (manifests - 2, manifests - 2))
     jobs = snakemake_dry_run(project, settings(project, session_cache))
