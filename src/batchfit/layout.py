@@ -165,7 +165,7 @@ class ResultsLayout:
 
     @property
     def sensitivity(self) -> Path:
-        """Prior sensitivity of every fit, summarised across datasets (`batchfit.outputs.compare`)."""
+        """Prior sensitivity of every fit, summarised across datasets (`batchfit.outputs.sensitivity`)."""
         return self.root / SENSITIVITY_CSV
 
     # --- an SBC run: a sweep of its own under sbc/, with what only SBC writes

@@ -70,7 +70,7 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
             clock.stage(f"nutpie's {kind} callback (numba, cached)")
     if part == "rest":  # before the functions below, whose node functions the walk would take for the other's
         count = compile_back_to_meet(functions["logp"].maker.fgraph, [functions["expand"].maker.fgraph],
-                                     lambda: _callback_files(cache, "logp", key) != [])
+                                     lambda: bool(_callback_files(cache, "logp", key)))
         clock.stage(f"{count} of the log density's node functions, from its last node back")
     if part != "logp":
         SamplerFunctions(model).shapes()
