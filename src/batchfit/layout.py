@@ -62,6 +62,15 @@ class ResultsLayout:
         """A fit job's declared output: each dataset's outcome."""
         return self.batches / f"{batch_id}.json"
 
+    def staged_inputs(self, batch_id: str) -> Path:
+        """Without a shared filesystem: the directory of what a fit job reads (`batchfit.fitting.job_inputs`)."""
+        return self.batches / "staged" / batch_id
+
+    def batch_outputs(self, batch_id: str) -> Path:
+        """Without a shared filesystem: a fit job's one output, a results directory of its own that
+        collect adopts into this one (`batchfit.outputs.adopt`)."""
+        return self.batches / "outputs" / batch_id
+
     @property
     def fit_logs(self) -> Path:
         return self.logs / "fit"

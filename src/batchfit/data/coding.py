@@ -75,6 +75,21 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
     return _coding(registry, config, paths)
 
 
+def recorded_coding(config: Config, registry: Path, paths: Mapping[str, Path]) -> Coding:
+    """The coding of the sweep of datasets ``paths`` from a copy of its registry, reading no data file.
+
+    For a job that was given only its own batch's files (no shared filesystem,
+    `batchfit.fitting.job_inputs`): the registry its sweep recorded already holds every dataset, and
+    the coding depends on all of them (a column with numbers anywhere is numeric everywhere).
+    """
+    recorded = _read_registry(registry)
+    missing = [d for d in paths if d not in recorded["datasets"]]
+    if missing:
+        raise BatchfitError(f"the staged label registry {registry} lacks {len(missing)} of the sweep's datasets "
+                            f"(e.g. '{missing[0]}'): stage the job's inputs again")
+    return _coding(recorded, config, paths)
+
+
 # Registries computed for sweeps whose results directory did not exist yet, by path: what
 # `write_planned` writes once a run has made the directory.
 _planned: dict[Path, dict[str, Any]] = {}

@@ -39,10 +39,16 @@ class DatasetFiles(Mapping[str, Path]):
     A Path made from text parses only when used, and is then dropped.
     """
 
-    __slots__ = ("_files",)
+    __slots__ = ("_files", "_sources")
 
-    def __init__(self, files: Iterable[tuple[str, str | Path]] = ()):
+    def __init__(self, files: Iterable[tuple[str, str | Path]] = (), sources: Mapping[str, str] | None = None):
         self._files = {dataset_id: str(path) for dataset_id, path in files}
+        self._sources = dict(sources or {})
+
+    def source(self, dataset_id: str) -> Path:
+        """The dataset's file as the sweep knows it: for a copy staged for a job without a shared
+        filesystem (`batchfit.fitting.job_inputs`), the file it was copied from."""
+        return Path(self._sources.get(dataset_id, self._files[dataset_id]))
 
     def __getitem__(self, dataset_id: str) -> Path:
         return Path(self._files[dataset_id])

@@ -21,6 +21,7 @@ from batchfit.compat.nutpie import wait_for_sampler_threads
 from batchfit.compile.structures import Structure
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, load_dataset
+from batchfit.data.discovery import DatasetFiles
 from batchfit.errors import (
     BatchfitError,
     ModelCodeError,
@@ -30,6 +31,7 @@ from batchfit.errors import (
 )
 from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
+from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.lanes import LANE_STAGE, lanes
 from batchfit.fitting.outcome import BatchReport, Outcome, format_groups, hint, record_failed, write_manifest
 from batchfit.fitting.provenance import Provenance, record
@@ -38,10 +40,10 @@ log = logging.getLogger("batchfit")
 
 
 def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, threads: int = 1,
-              bundle: Path | None = None) -> BatchReport:
+              inputs: JobInputs = SHARED) -> BatchReport:
     """Fit ``dataset_ids`` with one compile; write fits, failures and the manifest.
 
-    ``bundle``: the sweep's compiled bundle, installed into a cache that lacks its entry (`prepare`).
+    ``inputs``: what the job was given besides the config (`batchfit.fitting.job_inputs`).
 
     With more threads than the sampler's chains, helper processes fit datasets of the batch
     beside this one (`batchfit.fitting.lanes`). With ``on_error: stop`` the first failure (in the batch's
@@ -56,8 +58,8 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     # the helpers start first: their start overlaps ours
-    with lanes(config, dataset_ids, threads=threads, bundle=bundle) as job_lanes:
-        cache, paths, ref = prepare(config, bundle=bundle)
+    with lanes(config, dataset_ids, threads=threads, inputs=inputs) as job_lanes:
+        cache, paths, ref = prepare(config, inputs)
         fitter = Fitter(config, ref, cache, compile_workers=threads)
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)
@@ -66,7 +68,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
         try:
             for outcome in in_batch_order(job_lanes.outcomes(own)):
                 if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
-                    record_failed(config, outcome, paths.get(outcome.dataset))
+                    record_failed(config, outcome, source_of(paths, outcome.dataset))
                 report.outcomes.append(outcome)
                 log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
                          f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
@@ -101,7 +103,7 @@ class DatasetFit:
     """One dataset on its way through a batch: what is known of it so far, and the stage it is at."""
 
     id: str
-    path: Path | None
+    path: Path | None  # its file as the sweep knows it (`source_of`), in messages and records
     started: float = field(default_factory=time.perf_counter)
     stage: str = "load"
     provenance: Provenance | None = None
@@ -156,9 +158,16 @@ def after_sampling() -> None:
         log.warning("nutpie's chain threads did not end within a minute after sampling")
 
 
+def source_of(paths: Mapping[str, Path], dataset_id: str) -> Path | None:
+    """A dataset's file as the sweep knows it: not the copy staged for a job without a shared filesystem."""
+    if dataset_id not in paths:
+        return None
+    return paths.source(dataset_id) if isinstance(paths, DatasetFiles) else paths[dataset_id]
+
+
 def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> DatasetFit | Outcome:
     """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
-    job = DatasetFit(dataset_id, paths.get(dataset_id))
+    job = DatasetFit(dataset_id, source_of(paths, dataset_id))
     try:
         if dataset_id not in paths:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
@@ -187,7 +196,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
         tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
-                           "wall_seconds": round(time.perf_counter() - job.started, 3)})
+                           "wall_seconds": round(time.perf_counter() - job.started, 3), "source": str(job.path)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
         config.layout.sidecar(job.id).unlink(missing_ok=True)

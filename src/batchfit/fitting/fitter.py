@@ -30,7 +30,6 @@ from batchfit.compile.workers import ModelSource
 from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model, load_dataset
-from batchfit.data.discovery import discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.errors import (
     BatchfitError,
@@ -42,6 +41,7 @@ from batchfit.errors import (
     one_line,
     reason_of,
 )
+from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.outcome import hint
 from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
 from batchfit.fitting.sampler_settings import (
@@ -84,14 +84,14 @@ class Reference:
     coding: Coding
 
 
-def reference_model(config: Config, paths: Mapping[str, Path]) -> Reference:
+def reference_model(config: Config, paths: Mapping[str, Path], coding: Coding | None = None) -> Reference:
     """Build the model for the first dataset (by id) that loads and builds.
 
-    Every job uses the same reference and the same coding, so all datasets get the same dtypes
-    and codes and share one cache entry however they are batched.
+    Every job uses the same reference and the same coding (default: the sweep's, `sweep_coding`),
+    so all datasets get the same dtypes and codes and share one cache entry however they are batched.
     """
     module = load_model_file(config.model)
-    coding = sweep_coding(config, paths)
+    coding = sweep_coding(config, paths) if coding is None else coding
     errors: dict[str, BatchfitError] = {}
     for dataset_id, path in paths.items():
         try:
@@ -121,12 +121,12 @@ def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> 
     return lines
 
 
-def prepare(config: Config, *, bundle: Path | None = None) -> tuple[CacheDir, Mapping[str, Path], Reference]:
-    """Open the cache (with ``bundle``, the compiled bundle it installs missing entries from: `open_cache`),
-    find datasets and build the reference model."""
-    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared, bundle=bundle)
-    paths = discover_datasets(config)
-    return cache, paths, reference_model(config, paths)
+def prepare(config: Config, inputs: JobInputs = SHARED) -> tuple[CacheDir, Mapping[str, Path], Reference]:
+    """Open the cache (installing missing entries from the inputs' compiled bundle: `open_cache`),
+    find the datasets and build the reference model, from the job's ``inputs``."""
+    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared, bundle=inputs.bundle)
+    paths = inputs.datasets(config)
+    return cache, paths, reference_model(config, paths, inputs.coding(config, paths))
 
 
 def model_input(dataset: Dataset, ref: Reference) -> Dataset:

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # this process loads the entries the job loads.
     config = spec["config"]
 
-    cache, paths, ref = prepare(config, bundle=spec["bundle"])
+    cache, paths, ref = prepare(config, spec["inputs"])
     fitter = Fitter(config, ref, cache, compile_workers=spec["threads"])
     claims = Claims(spec["ids"], Path(spec["counter"]))
 

@@ -36,6 +36,7 @@ from typing import IO, Any
 from filelock import FileLock
 
 from batchfit.config import Config
+from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.outcome import Outcome
 
 log = logging.getLogger("batchfit")
@@ -101,7 +102,7 @@ class Lanes:
     """The helper lanes of one job, and the batch's claims they share with the job's own lane."""
 
     def __init__(self, config: Config, dataset_ids: Sequence[str], *, threads: int, directory: Path,
-                 bundle: Path | None = None):
+                 inputs: JobInputs = SHARED):
         lanes = lane_count(threads, config.sampler.chains, len(dataset_ids))
         self.threads_each = max(1, threads // lanes)
         self.claims = Claims(dataset_ids, directory / "claims" if lanes > 1 else None)
@@ -112,7 +113,7 @@ class Lanes:
         # The job's Config itself (a frozen dataclass), validated once, when the job read it.
         spec = directory / "lane.pickle"
         spec.write_bytes(pickle.dumps({"config": config, "ids": list(dataset_ids), "counter": str(self.claims.counter),
-                                       "threads": self.threads_each, "bundle": bundle}))
+                                       "threads": self.threads_each, "inputs": inputs}))
         for number in range(1, lanes):
             process = subprocess.Popen([sys.executable, "-m", LANE_WORKER, str(spec)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -216,13 +217,14 @@ class Lanes:
 
 
 @contextlib.contextmanager
-def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int, bundle: Path | None = None) -> Iterator[Lanes]:
+def lanes(config: Config, dataset_ids: Sequence[str], *, threads: int,
+          inputs: JobInputs = SHARED) -> Iterator[Lanes]:
     """The lanes of a fit job for ``dataset_ids``; helpers are started now and ended on leaving.
 
-    ``bundle``: the job's compiled bundle, which a helper installs from as the job does (`prepare`).
+    ``inputs``: the job's own (`batchfit.fitting.job_inputs`), which a helper prepares from as the job does.
     """
     with tempfile.TemporaryDirectory(prefix="batchfit-lanes-") as directory:
-        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory), bundle=bundle)
+        job_lanes = Lanes(config, dataset_ids, threads=threads, directory=Path(directory), inputs=inputs)
         try:
             yield job_lanes
         finally:

@@ -48,6 +48,7 @@ from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.coding import write_planned as write_planned_coding
 from batchfit.data.discovery import discover_datasets
+from batchfit.layout import ResultsLayout
 from batchfit.model.imports import user_imports
 
 # The code that runs while a fit is produced: every module of these subpackages and top-level
@@ -209,10 +210,15 @@ def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
     then ignored (the fit is read), while a temporary left by a killed job beside a complete
     fit would never be cleaned up (the dataset is not pending, so no job owns it).
     """
-    stat = config.layout.fit(dataset_id).stat()
-    data = {"dataset": dataset_id, "provenance": provenance.digest, "fit_size": stat.st_size,
-            "fit_mtime_ns": stat.st_mtime_ns}
-    config.layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
+    record_digest(config.layout, dataset_id, provenance.digest)
+
+
+def record_digest(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
+    """Write the sidecar of the fit of ``dataset_id`` in ``layout``: ``digest``, and the file's size and
+    modification time (`record`; also after collect moved in a fit from a job's own outputs)."""
+    stat = layout.fit(dataset_id).stat()
+    data = {"dataset": dataset_id, "provenance": digest, "fit_size": stat.st_size, "fit_mtime_ns": stat.st_mtime_ns}
+    layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
 
 
 def fit_digest(path: str | Path) -> str | None:

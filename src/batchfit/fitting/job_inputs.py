@@ -1,0 +1,107 @@
+"""What a fit job reads besides the config: the compiled bundle, and the sweep's datasets and coding.
+
+On a shared filesystem a job finds the datasets where the config's patterns say and the label
+coding in ``{results_dir}/coding.json``. Without one (a storage plugin moves a job's declared
+inputs, nothing else: docs/cluster.md), the submitting side stages for each job a directory
+with exactly what it reads (`stage_inputs`): its batch's data files and the reference dataset's
+(the first dataset that builds, which fixes every fit's dtypes), the sweep's registry of codes,
+and the sweep's dataset ids, on which the coding depends. One module writes and reads the format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchfit.config import Config
+from batchfit.data.coding import recorded_coding, sweep_coding
+from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.data.labels import Coding
+from batchfit.errors import BatchfitError
+
+_MANIFEST = "inputs.json"
+_REGISTRY = "coding.json"
+_DATA = "data"
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """A fit job's inputs beyond the config.
+
+    ``bundle``: the sweep's compiled bundle, installed into a cache that lacks its entry
+    (`batchfit.cache.bundle`). ``staged``: the directory `stage_inputs` wrote for this job; None
+    when the job sees the sweep's data and results directory itself.
+    """
+
+    bundle: Path | None = None
+    staged: Path | None = None
+
+    def datasets(self, config: Config) -> Mapping[str, Path]:
+        """The datasets this job can read, id -> file: the config's, or the staged ones."""
+        if self.staged is None:
+            return discover_datasets(config)
+        manifest = self._manifest()
+        return DatasetFiles(((d, self.staged / name) for d, name in manifest["files"].items()), manifest["sources"])
+
+    def coding(self, config: Config, paths: Mapping[str, Path]) -> Coding:
+        """The sweep's coding: recorded (and updated) in the results directory, or the staged registry's."""
+        if self.staged is None:
+            return sweep_coding(config, paths)
+        ids = self._manifest()["sweep"]
+        return recorded_coding(config, self.staged / _REGISTRY, dict.fromkeys(ids, Path()))
+
+    def members(self) -> list[str]:
+        """The datasets staged for fitting (the batch; the reference may be staged only to build it)."""
+        if self.staged is None:
+            raise BatchfitError("a job without staged inputs takes its datasets from the sweep's plan")
+        return list(self._manifest()["members"])
+
+    def _manifest(self) -> dict:
+        assert self.staged is not None
+        path = self.staged / _MANIFEST
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
+
+
+# A job that sees the sweep's data and results directory, and has no compiled bundle.
+SHARED = JobInputs()
+
+
+def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence[str], reference: str | None,
+                 directory: Path) -> None:
+    """Write ``directory``: what a job fitting ``members`` of the sweep ``datasets`` reads (see module docstring).
+
+    ``reference``: the compile stage's reference dataset. Files are hard-linked where the filesystem
+    allows (the directory only travels through storage), copied otherwise.
+    """
+    unknown = [d for d in [*members, *([reference] if reference else [])] if d not in datasets]
+    if unknown:
+        raise BatchfitError(f"dataset '{unknown[0]}' is not among the sweep's datasets ({config.source})")
+    registry = config.layout.coding_registry
+    if not registry.exists():
+        raise BatchfitError(f"the sweep's label registry {registry} is missing: the sweep's run writes it first")
+    data = directory / _DATA
+    data.mkdir(parents=True, exist_ok=True)
+    files, sources = {}, {}
+    for dataset_id in sorted({*([reference] if reference else []), *members}):
+        source = Path(datasets[dataset_id])
+        files[dataset_id] = f"{_DATA}/{dataset_id}{''.join(source.suffixes)}"
+        sources[dataset_id] = str(source)  # what the fit and its failure record name
+        _link_or_copy(source, directory / files[dataset_id])
+    shutil.copyfile(registry, directory / _REGISTRY)
+    manifest = {"members": list(members), "files": files, "sources": sources, "sweep": list(datasets)}
+    (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)

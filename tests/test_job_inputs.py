@@ -1,0 +1,113 @@
+"""A fit job without a shared filesystem: the inputs the submitting side stages for it
+(batchfit.fitting.job_inputs) and the adoption of what it wrote (batchfit.outputs.adopt).
+
+The staged coding is compared with the coding a job on the shared filesystem computes from every
+dataset (`sweep_coding`), which is what the two kinds of job must agree on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from batchfit.config import Config, config_from_dict
+from batchfit.data.coding import sweep_coding
+from batchfit.data.discovery import discover_datasets
+from batchfit.errors import BatchfitError
+from batchfit.fitting.job_inputs import JobInputs, stage_inputs
+from batchfit.fitting.provenance import record_digest, recorded_digest
+from batchfit.layout import ResultsLayout
+from batchfit.outputs.adopt import adopt_batch_outputs
+
+# A sweep-wide text column whose level "Z" appears only in a dataset outside the batch, and a column
+# that is text in the batch but numeric in another dataset (so numeric for the whole sweep).
+TABLES = {"a1": "site,dose,y\nX,lo,1.0\n", "a2": "site,dose,y\nY,hi,2.0\n", "a3": "site,dose,y\nZ,3,0.5\n"}
+
+
+def sweep(tmp_path: Path) -> Config:
+    data = tmp_path / "data"
+    data.mkdir()
+    for dataset_id, text in TABLES.items():
+        (data / f"{dataset_id}.csv").write_text(textwrap.dedent(text))
+    (tmp_path / "results").mkdir()
+    return config_from_dict({"model": "m.py", "datasets": [str(data / "*.csv")],
+                             "results_dir": str(tmp_path / "results")}, source="sweep.yaml")
+
+
+def test_a_staged_job_codes_its_datasets_as_the_whole_sweep_does(tmp_path):
+    config = sweep(tmp_path)
+    paths = discover_datasets(config)
+    sweep_coding(config, paths)  # records the registry, as the sweep's plan does
+    shared = sweep_coding(config, paths)  # as a job on the shared filesystem reads it
+    stage_inputs(config, paths, ["a1"], "a2", tmp_path / "staged")
+
+    inputs = JobInputs(staged=tmp_path / "staged")
+    staged_paths = inputs.datasets(config)
+    assert list(staged_paths) == ["a1", "a2"]  # the batch and the reference, nothing else
+    for dataset_id, path in staged_paths.items():
+        assert path.read_bytes() == paths[dataset_id].read_bytes()
+        assert staged_paths.source(dataset_id) == paths[dataset_id]  # what its fit and failure record name
+    assert inputs.members() == ["a1"]
+    staged = inputs.coding(config, staged_paths)
+    assert staged == shared
+    assert staged.for_dataset("a1") == shared.for_dataset("a1")
+    # what the same coding from the job's files alone would get wrong: the level Z, the numeric dose
+    assert sweep_coding(dataclasses.replace(config, results_dir=tmp_path / "alone"), staged_paths) != shared
+
+
+def test_staging_names_what_is_missing(tmp_path):
+    config = sweep(tmp_path)
+    paths = discover_datasets(config)
+    with pytest.raises(BatchfitError, match="label registry .*coding.json is missing"):
+        stage_inputs(config, paths, ["a1"], "a2", tmp_path / "staged")
+    sweep_coding(config, paths)
+    with pytest.raises(BatchfitError, match="dataset 'b9' is not among the sweep's datasets"):
+        stage_inputs(config, paths, ["a1", "b9"], "a2", tmp_path / "staged")
+    with pytest.raises(BatchfitError, match="staged inputs .* are unreadable"):
+        JobInputs(staged=tmp_path / "nothing").members()
+
+
+def job_outputs(root: Path, batch: str, fitted: dict[str, str], failed: list[str]) -> Path:
+    """A fit job's own results directory: fits (stand-in bytes) with sidecars, failure records, its manifest."""
+    job = ResultsLayout(root / batch)
+    job.fits.mkdir(parents=True)
+    job.failures.mkdir(parents=True)
+    job.batches.mkdir(parents=True)
+    for dataset_id, digest in fitted.items():
+        job.fit(dataset_id).write_bytes(f"fit of {dataset_id}".encode())
+        record_digest(job, dataset_id, digest)
+    for dataset_id in failed:
+        job.failure(dataset_id).write_text(json.dumps({"dataset": dataset_id, "message": "bad"}))
+    outcomes = {d: {"status": "ok"} for d in fitted} | {d: {"status": "failed"} for d in failed}
+    job.batch_manifest(batch).write_text(json.dumps({"batch": batch, "datasets": outcomes}))
+    return job.root
+
+
+def test_collect_adopts_a_jobs_fits_and_failures_as_if_the_job_had_written_them_itself(tmp_path):
+    results = ResultsLayout(tmp_path / "results")
+    for directory in (results.fits, results.failures):
+        directory.mkdir(parents=True)
+    results.failure("d1").write_text("an old failure of d1")  # d1 now fits: its old failure goes
+    results.fit("d2").write_bytes(b"an old fit of d2")  # d2 now fails: its stale fit goes
+    record_digest(results, "d2", "old")
+    job = job_outputs(tmp_path / "outputs", "batch-1", {"d1": "digest-1"}, ["d2"])
+    config = config_from_dict({"model": "m.py", "datasets": ["*.csv"], "results_dir": str(results.root)},
+                              source="sweep.yaml")
+
+    assert adopt_batch_outputs(results, [job]) == 1
+    assert results.fit("d1").read_bytes() == b"fit of d1"
+    assert recorded_digest(config, "d1") == "digest-1"  # its sidecar describes the adopted file
+    assert not results.failure("d1").exists()
+    assert not results.fit("d2").exists() and not results.sidecar("d2").exists()
+    assert json.loads(results.failure("d2").read_text())["message"] == "bad"
+    assert json.loads(results.batch_manifest("batch-1").read_text())["batch"] == "batch-1"
+
+
+def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BatchfitError, match="not a fit job's output directory"):
+        adopt_batch_outputs(ResultsLayout(tmp_path / "results"), [tmp_path / "empty"])
