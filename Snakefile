@@ -42,5 +42,5 @@ rule all:
         [path for output in rules.collect.output for path in variant_paths(output)],
         variant_paths(rules.status.output[0]),
         REPORT_TARGETS,
-        rules.compare.output if VARIANTS else [],
+        [here(p) for p in rules.compare.output] if VARIANTS else [],
         SENSITIVITY_TARGETS,

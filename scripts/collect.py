@@ -7,5 +7,6 @@ from batchfit.sweep.stages import run_collect
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 with log_to(snakemake.log[0]):
-    logging.getLogger("batchfit").info(run_collect(config, workers=snakemake.threads).one_line())
+    logging.getLogger("batchfit").info(run_collect(config, workers=snakemake.threads,
+                                                         batch_outputs=snakemake.input.get("outputs", [])).one_line())
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -1,16 +1,18 @@
 rule collect:
     """Combine every dataset's fit into the sweep's outputs (also when some datasets failed)."""
     input:
-        batch_manifests,
+        batch_manifests if SHARED_FS else [],
+        # Without a shared filesystem: the fit jobs' own output directories, adopted first.
+        outputs=[] if SHARED_FS else batch_outputs,
     output:
-        posteriors=LAYOUT.posteriors,
-        summary=LAYOUT.summary,
-        datasets=LAYOUT.datasets_csv,
-        failures=LAYOUT.failures_csv,
+        posteriors=here(LAYOUT.posteriors),
+        summary=here(LAYOUT.summary),
+        datasets=here(LAYOUT.datasets_csv),
+        failures=here(LAYOUT.failures_csv),
     log:
-        LAYOUT.log("collect"),
+        here(LAYOUT.log("collect")),
     benchmark:
-        LAYOUT.benchmark("collect")
+        here(LAYOUT.benchmark("collect"))
     conda:
         "../envs/batchfit.yaml"
     # Summarising many new fits goes faster in several processes: the sweep's cores on one
@@ -33,13 +35,13 @@ rule status:
     written, so the job failed on missing batch manifests instead of reporting the failures.
     """
     input:
-        rules.collect.output.failures,
+        here(rules.collect.output.failures),
     output:
-        LAYOUT.status_verdict,
+        here(LAYOUT.status_verdict),
     log:
-        LAYOUT.log("status"),
+        here(LAYOUT.log("status")),
     benchmark:
-        LAYOUT.benchmark("status")
+        here(LAYOUT.benchmark("status"))
     conda:
         "../envs/batchfit.yaml"
     params:

@@ -5,6 +5,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from batchfit.compat.snakemake import end_snakemake_rate_timers, exit_run
 from batchfit.sweep.snakemake_job import snakemake_config
@@ -36,6 +37,25 @@ wildcard_constraints:
     stamp="|".join(map(re.escape, STAMPS)),
 
 
+# Without a shared filesystem (`--shared-fs-usage none` and a storage plugin: docs/cluster.md) only the
+# fit jobs run elsewhere, each reading its staged inputs and writing a directory of its own
+# (batchfit.sweep.fit_job); every other rule runs on the submitting machine, which keeps the
+# results directory and the data: their files are `here` (local), and Snakemake runs a job with a
+# local file where it was started.
+SHARED_FS = SharedFSUsage.INPUT_OUTPUT in workflow.storage_settings.shared_fs_usage
+
+
+def here(path):
+    """``path`` on the submitting machine, never moved through a storage plugin (Snakemake's `local`)."""
+    return local(str(path))
+
+
+def knows_plan():
+    """Whether this process knows the sweep's plan: the main process, and a job on a shared
+    filesystem (it reads the recorded plan); a fit job without one has only its staged inputs."""
+    return SHARED_FS or workflow.is_main_process
+
+
 def bf(wildcards):
     """The config of a job's variant: the sweep's own config without variants."""
     return CONFIGS[wildcards.get("variant")]
@@ -48,7 +68,7 @@ def labelled(labels):
 
 def variant_paths(path):
     """Every variant's ``path`` (a `LAYOUT` path), or ``path`` itself without variants."""
-    return expand(str(path), variant=VARIANTS) if VARIANTS else [str(path)]
+    return [here(p) for p in expand(str(path), variant=VARIANTS)] if VARIANTS else [here(path)]
 
 
 def total_cores():
@@ -88,8 +108,9 @@ def sweep(variant=None):
 def fit_job_threads(wildcards):
     """On a cluster (and in its jobs) one thread per chain; on one machine the cores are shared
     out between the batches (of every variant)."""
-    n_batches = sum(len(sweep(variant).batches) for variant in CONFIGS)
-    return fit_threads(bf(wildcards).sampler.chains, sweep_cores(), n_batches)
+    cores = sweep_cores()
+    n_batches = sum(len(sweep(variant).batches) for variant in CONFIGS) if cores is not None else 0
+    return fit_threads(bf(wildcards).sampler.chains, cores, n_batches)
 
 
 def record_plan():
@@ -153,6 +174,16 @@ def batch_manifests(wildcards):
     return [str(bf(wildcards).layout.batch_manifest(b)) for b in sweep(wildcards.get("variant")).batches]
 
 
+def batch_outputs(wildcards):
+    """The fit jobs' own output directories (no shared filesystem), which collect adopts."""
+    return [str(bf(wildcards).layout.batch_outputs(b)) for b in sweep(wildcards.get("variant")).batches]
+
+
+def batch_size(wildcards):
+    """The number of datasets in a batch; a fit job without a shared filesystem knows only "the staged"."""
+    return len(batch_members(wildcards)) if knows_plan() else "the staged"
+
+
 def compiled_stamp(wildcards):
     """The compile stamp of a job's variant (`compile` rule)."""
     return str(compile_stamp_path(bf(wildcards)))
@@ -164,9 +195,10 @@ def compiled_bundle(wildcards):
 
 
 def fit_resource(name):
-    """A fit job's `name` resource from the batch and the compile stage's measurement."""
+    """A fit job's `name` resource from the batch and the compile stage's measurement. (In a fit job
+    without a shared filesystem, which has no plan, its resources are granted already: one dataset's.)"""
     return lambda wildcards, input, threads, attempt: fit_resources(
-        bf(wildcards).sampler, len(batch_members(wildcards)), input.compiled, attempt, threads
+        bf(wildcards).sampler, len(batch_members(wildcards)) if knows_plan() else 1, input.compiled, attempt, threads
     )[name]
 
 

@@ -7,17 +7,17 @@ rule compare:
     input:
         variant_paths(LAYOUT.datasets_csv) if VARIANTS else [],
     output:
-        comparison=BF.layout.comparison,
+        comparison=here(BF.layout.comparison),
         page=report(
-            BF.layout.report_pages / "comparison.html",
+            here(BF.layout.report_pages / "comparison.html"),
             caption="../report/comparison.rst",
             category="0. Variants",
             labels={"page": "variants compared per dataset (comparison.csv)"},
         ),
     log:
-        BF.layout.log("compare"),
+        here(BF.layout.log("compare")),
     benchmark:
-        BF.layout.benchmark("compare")
+        here(BF.layout.benchmark("compare"))
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -33,19 +33,19 @@ SENSITIVE = [variant for variant, c in CONFIGS.items() if c.outputs.sensitivity]
 rule sensitivity:
     """arviz_stats.psense_summary of every fit: sensitivity.csv and its report page (outputs.sensitivity)."""
     input:
-        LAYOUT.datasets_csv,
+        here(LAYOUT.datasets_csv),
     output:
-        table=LAYOUT.sensitivity,
+        table=here(LAYOUT.sensitivity),
         page=report(
-            LAYOUT.report_pages / "sensitivity.html",
+            here(LAYOUT.report_pages / "sensitivity.html"),
             caption="../report/sensitivity.rst",
             category="6. Sensitivity",
             labels=labelled({"page": "prior and likelihood sensitivity (sensitivity.csv)"}),
         ),
     log:
-        LAYOUT.log("sensitivity"),
+        here(LAYOUT.log("sensitivity")),
     benchmark:
-        LAYOUT.benchmark("sensitivity")
+        here(LAYOUT.benchmark("sensitivity"))
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -55,7 +55,7 @@ rule sensitivity:
 
 
 SENSITIVITY_TARGETS = [
-    path
+    here(path)
     for output in rules.sensitivity.output
     for path in (expand(str(output), variant=SENSITIVE) if VARIANTS else [str(output)] if SENSITIVE else [])
 ]

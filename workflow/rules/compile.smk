@@ -11,15 +11,15 @@ rule compile:
     its parameters.
     """
     input:
-        model=lambda wildcards: ancient(str(STAMPS[wildcards.stamp].model)),
-        imports=lambda wildcards: [ancient(f) for f in user_import_files(STAMPS[wildcards.stamp].model)],
+        model=lambda wildcards: ancient(here(STAMPS[wildcards.stamp].model)),
+        imports=lambda wildcards: [ancient(here(f)) for f in user_import_files(STAMPS[wildcards.stamp].model)],
     output:
         stamp=COMPILED,
         bundle=BUNDLE,
     log:
-        BF.layout.log("compile/{stamp}"),
+        here(BF.layout.log("compile/{stamp}")),
     benchmark:
-        BF.layout.benchmark("compile/{stamp}")
+        here(BF.layout.benchmark("compile/{stamp}"))
     conda:
         "../envs/batchfit.yaml"
     # Two processes: the log density's callback compiles beside the rest (batchfit.compile.build).

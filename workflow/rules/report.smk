@@ -13,26 +13,26 @@ SBC_PLOTS = sorted(map(str, BF.layout.sbc.root.glob("**/*.png")))
 rule plots:
     """Health bar charts and a forest plot per variable across datasets (report.var_names)."""
     input:
-        posteriors=rules.collect.output.posteriors,
-        datasets=rules.collect.output.datasets,
+        posteriors=here(rules.collect.output.posteriors),
+        datasets=here(rules.collect.output.datasets),
     output:
         health=report(
-            LAYOUT.health_plot,
+            here(LAYOUT.health_plot),
             caption="../report/health.rst",
             category="1. Health",
             labels=labelled({"view": "bar charts"}),
         ),
         forest=report(
-            directory(LAYOUT.forest_plots),
+            directory(here(LAYOUT.forest_plots)),
             patterns=["{name}.png"],
             caption="../report/forest.rst",
             category="2. Forest plots",
             labels=labelled({"variable": "{name}"}),
         ),
     log:
-        LAYOUT.log("plots"),
+        here(LAYOUT.log("plots")),
     benchmark:
-        LAYOUT.benchmark("plots")
+        here(LAYOUT.benchmark("plots"))
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -45,40 +45,40 @@ rule plots:
 rule report_pages:
     """The health overview, datasets.csv, summary.csv and failures.csv as tables, and the sweep's provenance, as HTML."""
     input:
-        posteriors=rules.collect.output.posteriors,
-        summary=rules.collect.output.summary,
-        datasets=rules.collect.output.datasets,
-        failures=rules.collect.output.failures,
-        model=lambda wildcards: str(bf(wildcards).model),
+        posteriors=here(rules.collect.output.posteriors),
+        summary=here(rules.collect.output.summary),
+        datasets=here(rules.collect.output.datasets),
+        failures=here(rules.collect.output.failures),
+        model=lambda wildcards: here(bf(wildcards).model),
     output:
         health=report(
-            LAYOUT.report_pages / "health.html",
+            here(LAYOUT.report_pages / "health.html"),
             caption="../report/health_table.rst",
             category="1. Health",
             labels=labelled({"view": "warnings and failures"}),
         ),
         summary=report(
-            LAYOUT.report_pages / "summary.html",
+            here(LAYOUT.report_pages / "summary.html"),
             caption="../report/summary.rst",
             category="3. Tables",
             labels=labelled({"table": "datasets and diagnostics (datasets.csv, summary.csv)"}),
         ),
         failures=report(
-            LAYOUT.report_pages / "failures.html",
+            here(LAYOUT.report_pages / "failures.html"),
             caption="../report/failures.rst",
             category="3. Tables",
             labels=labelled({"table": "failures (failures.csv)"}),
         ),
         provenance=report(
-            LAYOUT.report_pages / "provenance.html",
+            here(LAYOUT.report_pages / "provenance.html"),
             caption="../report/provenance.rst",
             category="5. Provenance",
             labels=labelled({"page": "versions, model, config, cache keys, dates"}),
         ),
     log:
-        LAYOUT.log("report_pages"),
+        here(LAYOUT.log("report_pages")),
     benchmark:
-        LAYOUT.benchmark("report_pages")
+        here(LAYOUT.benchmark("report_pages"))
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -90,17 +90,17 @@ rule report_pages:
 rule sbc_plots:
     """Copy the SBC run's plots beside the others, so the report can show them."""
     input:
-        SBC_PLOTS,
+        [here(p) for p in SBC_PLOTS],
     output:
         report(
-            directory(BF.layout.sbc_plots_in_report),
+            directory(here(BF.layout.sbc_plots_in_report)),
             patterns=["{name}.png"],
             caption="../report/sbc.rst",
             category="4. Simulation-based calibration",
             labels={"plot": "{name}"},
         ),
     log:
-        BF.layout.log("sbc_plots"),
+        here(BF.layout.log("sbc_plots")),
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -112,5 +112,5 @@ rule sbc_plots:
 REPORT_TARGETS = [
     *(path for output in rules.plots.output for path in variant_paths(output)),
     *(path for output in rules.report_pages.output for path in variant_paths(output)),
-    *(rules.sbc_plots.output if SBC_PLOTS else []),
+    *([here(p) for p in rules.sbc_plots.output] if SBC_PLOTS else []),
 ]

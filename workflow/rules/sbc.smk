@@ -4,14 +4,14 @@
 checkpoint sbc_simulate:
     """Write the simulated datasets and their true values that are missing or outdated (never others)."""
     input:
-        model=str(BF.model),
-        simulator=str(BF.sbc.simulator or BF.model),
+        model=here(BF.model),
+        simulator=here(BF.sbc.simulator or BF.model),
         # A function: only an SBC run reads the datasets to find the template (#45).
-        template=lambda wildcards: str(template(BF)[1]),
+        template=lambda wildcards: here(template(BF)[1]),
     output:
-        SBC.simulations,
+        here(SBC.simulations),
     log:
-        SBC.log("simulate"),
+        here(SBC.log("simulate")),
     conda:
         "../envs/batchfit.yaml"
     params:
@@ -29,13 +29,13 @@ rule sbc_fit:
     input:
         compiled=str(compile_stamp_path(BF)),
         bundle=str(compiled_bundle_path(BF)),
-        model=str(BF.model),
-        imports=user_import_files(BF.model),
-        data=lambda wildcards: [str(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
+        model=here(BF.model),
+        imports=[here(f) for f in user_import_files(BF.model)],
+        data=lambda wildcards: [here(sbc_plan().datasets[d]) for d in sbc_plan().batches[wildcards.batch]],
     output:
-        SBC.batch_manifest("{batch}"),
+        here(SBC.batch_manifest("{batch}")),
     log:
-        SBC.fit_log("{batch}"),
+        here(SBC.fit_log("{batch}")),
     conda:
         "../envs/batchfit.yaml"
     threads: lambda wildcards: fit_threads(BF.sampler.chains, workflow.cores, len(sbc_plan().batches))
@@ -54,18 +54,18 @@ rule sbc_fit:
 rule sbc:
     """Ranks, the uniformity test, the verdict line and one plot per parameter."""
     input:
-        simulations=SBC.simulations,
+        simulations=here(SBC.simulations),
         # Not read here: listed so that Snakemake sees the compile from the start and runs it beside
         # the simulation checkpoint; otherwise it appears only after the checkpoint and waits for it.
         compiled=str(compile_stamp_path(BF)),
-        batches=lambda wildcards: [str(SBC.batch_manifest(b)) for b in sbc_plan().batches],
+        batches=lambda wildcards: [here(SBC.batch_manifest(b)) for b in sbc_plan().batches],
     output:
-        ranks=SBC.ranks_csv,
-        ranks_nc=SBC.ranks_nc,
-        uniformity=SBC.uniformity,
-        verdict=SBC.verdict,
+        ranks=here(SBC.ranks_csv),
+        ranks_nc=here(SBC.ranks_nc),
+        uniformity=here(SBC.uniformity),
+        verdict=here(SBC.verdict),
     log:
-        SBC.log("ranks"),
+        here(SBC.log("ranks")),
     conda:
         "../envs/batchfit.yaml"
     params:

@@ -25,6 +25,7 @@ from batchfit.fitting.batch import after_sampling, fit_batch
 from batchfit.fitting.fitter import Fitter, prepare
 from batchfit.fitting.provenance import expected_digests, recorded_digest
 from batchfit.outputs import summary_helpers
+from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
 from batchfit.outputs.orphans import move_orphans
 from batchfit.sweep.plan import batch_id, plan
@@ -107,13 +108,15 @@ def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads
     return failed
 
 
-def run_collect(config: Config, *, workers: int = 1) -> Any:
+def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str | Path] = ()) -> Any:
     """Combine every dataset's fit into posteriors.nc, summary.csv, datasets.csv and failures.csv.
 
     Every fit must have the provenance the current config gives (see `collect`): a sweep never
     mixes fits made with other settings, models or data. ``workers``: processes that summarise
-    new fits at once.
+    new fits at once. ``batch_outputs``: the fit jobs' own output directories (no shared filesystem),
+    adopted first (`adopt_batch_outputs`).
     """
+    adopt_batch_outputs(config.layout, batch_outputs)
 
     datasets = discover_datasets(config)
     # The helpers start now, so that their start-up (collect's imports) overlaps this process's
