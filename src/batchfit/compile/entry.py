@@ -16,7 +16,7 @@ from typing import Any
 
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import CacheDir, CorruptEntry
-from batchfit.compat.pytensor import graph_function
+from batchfit.compat.pytensor import graph_function, lacks_numba_implementation
 from batchfit.compile.ahead import compile_back_to_meet
 from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compile.extras import warm_extras
@@ -48,9 +48,7 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     if fallbacks:
         # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
-        ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
-        raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
-                                    "numba runs in object mode and batchfit's cached callbacks cannot call")
+        raise _object_mode_unsupported(fallbacks)
     clock.stage(f"PyTensor functions ({', '.join(functions)})")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
@@ -78,6 +76,37 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
         warm_extras(model, outputs)
         clock.stage("optional outputs")
     return {"spec": spec.to_json()}
+
+
+def refuse_object_mode_early(model: Any, graphs: SamplerGraphs) -> None:
+    """Raise what `build_entry` would (`CachedPathUnsupported`) for a model with an object-mode
+    operation, before any compile worker starts.
+
+    Such a model goes through nutpie's own compile, which the job then waits for: the workers'
+    start, imports and rewrites would come on top of it. Checked only where the graphs, as
+    PyMC built them, hold an operation with no numba implementation (a quick walk, no rewrite);
+    then the graphs are rewritten and converted as a worker would (no numba compile), and only
+    the object-mode operations that finds decide, as in `build_entry`. Any other such model is
+    still found by its workers.
+    """
+    from pytensor.graph.traversal import ancestors
+
+    import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+
+    nodes = (v.owner for v in ancestors([graphs.logp, graphs.expanded]) if v.owner is not None)
+    if not any(lacks_numba_implementation(node.op) for node in nodes):
+        return
+    with record_generic_fallbacks() as fallbacks:
+        compile_sampler_functions(model, graphs, PARTS["all"])
+    if fallbacks:
+        raise _object_mode_unsupported(fallbacks)
+
+
+def _object_mode_unsupported(fallbacks: list[tuple[Any, Any]]) -> CachedPathUnsupported:
+    """Why the cached path cannot take a model whose graphs PyTensor converted with these object-mode fallbacks."""
+    ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
+    return CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
+                                 "numba runs in object mode and batchfit's cached callbacks cannot call")
 
 
 def _callback_files(cache: CacheDir, kind: str, key: str) -> list[Any]:
