@@ -50,6 +50,11 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
         raise _object_mode_unsupported(fallbacks)
     clock.stage(f"PyTensor functions ({', '.join(functions)})")
+    if part == "rest":
+        # First: the log density's worker is the job's longest; this worker's own callback (a few
+        # seconds of numba) then overlaps that worker's last step, the graph's function and callback.
+        count = compile_back_to_meet(functions["logp"].maker.fgraph, lambda: _callback_files(cache, "logp", key) != [])
+        clock.stage(f"{count} of the log density's node functions, from its last node back")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind in PARTS[part]:
@@ -66,10 +71,6 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
             clock.stage(f"nutpie's {kind} callback (numba, cached)")
-    if part == "rest":  # before the functions below, whose node functions the walk would take for the other's
-        count = compile_back_to_meet(functions["logp"].maker.fgraph, [functions["expand"].maker.fgraph],
-                                     lambda: _callback_files(cache, "logp", key) != [])
-        clock.stage(f"{count} of the log density's node functions, from its last node back")
     if part != "logp":
         SamplerFunctions(model).shapes()
         clock.stage("per-process functions (initial point, shapes)")
