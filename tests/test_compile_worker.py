@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -76,10 +77,10 @@ OBJECT_MODE_MODEL = textwrap.dedent("""\
 """)
 
 
-def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_starts(tmp_path, session_cache,
-                                                                                    monkeypatch):
+def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_has_work(tmp_path, session_cache,
+                                                                                      monkeypatch):
     """The structure goes to nutpie's own compile, which the job then waits for: the job finds the
-    object-mode op itself, before starting the second worker, and stops the first."""
+    object-mode op itself, before giving the second worker its work, and stops both."""
     from batchfit.common.standby import Standby
     from batchfit.errors import CachedPathUnsupported
 
@@ -87,7 +88,9 @@ def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_sta
     monkeypatch.setattr(Standby, "take", lambda self, n: taken.extend(take(self, n)) or taken[-n:])
     with pytest.raises(CachedPathUnsupported, match=r"SplineWrapper.*object mode"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, OBJECT_MODE_MODEL, session_cache, workers=2)
-    assert len(taken) == 1 and taken[0].returncode != 0, [p.returncode for p in taken]
+    # killed, the second before it could read its work (a worker refusing the model exits with 4)
+    assert len(taken) == 2 and taken[0].returncode != 0 and taken[1].returncode == -signal.SIGKILL, \
+        [p.returncode for p in taken]
 
 
 def test_the_jobs_own_object_mode_check_rewrites_no_graph_of_a_model_with_numba_implementations(tmp_path,

@@ -100,8 +100,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     half-loaded numba state is reused); the damage is reported in the job's own warnings. The
     workers' other output goes to our log.
 
-    ``check`` runs in this thread once the first worker has its work, before the second starts: a
-    failure (the model is one the cached path cannot take) kills the first and is raised.
+    ``check`` runs in this thread once the first worker has its work, before the second gets its
+    own: a failure (the model is one the cached path cannot take) kills both and is raised.
     ``meanwhile`` runs in this thread while the workers compile (this process would only wait);
     the threads that wait for the workers only pass their work and read their output: they import
     nothing, so no import ever runs beside this thread's.
@@ -112,17 +112,20 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
             "--params", json.dumps(source.params)]
     standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
+    taken = dict(zip(parts, standby.take(len(parts)), strict=True))  # the second imports meanwhile
     with ThreadPoolExecutor(len(parts)) as pool:
         running = {}
-        for part in parts:
-            proc = standby.take(1)[0]
+        for part, proc in taken.items():
             running[part] = pool.submit(_run_worker, proc, [*argv, "--part", part], part)
             if check is not None and len(running) == 1:
                 try:
                     check()
                 except BaseException:
-                    proc.kill()
+                    for started in taken.values():
+                        started.kill()
                     running[part].result()
+                    for idle in list(taken.values())[1:]:
+                        idle.communicate()
                     raise
         if meanwhile is not None:
             meanwhile()
