@@ -81,13 +81,13 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
 
 def refuse_object_mode_early(model: Any, graphs: SamplerGraphs) -> None:
     """Raise what `build_entry` would (`CachedPathUnsupported`) for a model with an object-mode
-    operation, before any compile worker starts.
+    operation, in the job, before its second compile worker gets its work (`build_in_child`'s check).
 
     Such a model goes through nutpie's own compile, which the job then waits for: the workers'
-    start, imports and rewrites would come on top of it. Checked only where the graphs, as
-    PyMC built them, hold an operation with no numba implementation (a quick walk, no rewrite);
-    then the graphs are rewritten and converted as a worker would (no numba compile), and only
-    the object-mode operations that finds decide, as in `build_entry`. Any other such model is
+    imports and rewrites would come on top of it. Checked only where the graphs, as PyMC built
+    them, hold an operation with no numba implementation (a quick walk, no rewrite); then both
+    graphs are rewritten and converted as a single worker would (no numba compile), and only the
+    object-mode operations that finds decide, named as in `build_entry`. Any other such model is
     still found by its workers.
     """
     from pytensor.graph.traversal import ancestors
