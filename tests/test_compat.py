@@ -352,3 +352,21 @@ def test_pytensor_numba_linker_wraps_the_graph_function_and_keys_node_functions(
         "pytensor's numba_funcify_ensure_cache no longer returns (dispatcher, cache key) for these nodes"
     assert hasattr(found[0][0], "get_call_template") and hasattr(found[0][0].stats, "cache_hits"), \
         "numba Dispatcher.get_call_template or Dispatcher.stats.cache_hits is gone"
+
+
+def test_pytensor_numba_dispatchers_resolve_an_op_without_numba_implementation_to_their_base_case():
+    import pytensor.tensor as pt
+    from pytensor.graph.op import Op
+
+    from batchfit.compat.pytensor import lacks_numba_implementation
+
+    class NoNumba(Op):
+        def make_node(self, x):
+            raise NotImplementedError
+
+        def perform(self, node, inputs, outputs):
+            raise NotImplementedError
+
+    assert lacks_numba_implementation(NoNumba()), "pytensor's numba dispatchers no longer fall back for an unknown op"
+    assert not lacks_numba_implementation(pt.exp(pt.dvector()).owner.op)
+    assert not lacks_numba_implementation(pt.dot(pt.dmatrix(), pt.dvector()).owner.op)

@@ -29,8 +29,8 @@ SCRIPT = textwrap.dedent("""
     key = sampler_key(model, graphs)
     spec, functions = compile_sampler_functions(model, graphs, ("logp",))
     fgraph = functions["logp"].maker.fgraph
-    out = {"stopped_at_once": compile_back_to_meet(fgraph, [], lambda: True)}
-    out["walked"] = compile_back_to_meet(fgraph, [], lambda: False)
+    out = {"stopped_at_once": compile_back_to_meet(fgraph, lambda: True)}
+    out["walked"] = compile_back_to_meet(fgraph, lambda: False)
 
     compiled = []
 
@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent("""
     make_callback(spec, "logp", key, cache, graph_function(functions["logp"].vm.jit_fn))
     out["compiled_by_the_callback"] = compiled
     # every node function is in the cache now, not by this walk's doing: the other worker's
-    out["walked_again"] = compile_back_to_meet(fgraph, [], lambda: False)
+    out["walked_again"] = compile_back_to_meet(fgraph, lambda: False)
     print(json.dumps(out))
 """)
 

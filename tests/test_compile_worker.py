@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -29,7 +30,7 @@ WARNING_MODEL = textwrap.dedent("""\
 """)
 
 
-def compile_in_child(tmp_path: Path, source: str, cache_dir: Path):
+def compile_in_child(tmp_path: Path, source: str, cache_dir: Path, workers: int = 1):
     from batchfit.cache.store import open_cache
     from batchfit.compile.build import compile_model
     from batchfit.compile.workers import ModelSource
@@ -41,7 +42,7 @@ def compile_in_child(tmp_path: Path, source: str, cache_dir: Path):
     dataset = load_dataset("d", tmp_path / "d.csv")
     model = build_model(load_model_file(tmp_path / "model.py"), dataset)
     source = ModelSource(tmp_path / "model.py", "d", tmp_path / "d.csv")
-    return compile_model(model, open_cache(cache_dir), source=source)
+    return compile_model(model, open_cache(cache_dir), source=source, workers=workers)
 
 
 def test_worker_warnings_reach_the_jobs_log(tmp_path, session_cache, caplog):
@@ -60,6 +61,53 @@ def test_a_model_the_worker_builds_otherwise_is_one_the_cached_path_cannot_take(
     source = WARNING_MODEL.format(tag="x", centre="__import__('os').getpid() * 1e-9")
     with pytest.raises(CachedPathUnsupported, match="same model from the same dataset"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, source, session_cache)
+
+
+# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode.
+OBJECT_MODE_MODEL = textwrap.dedent("""\
+    import numpy as np
+    import pymc as pm
+
+    def build_model(data):
+        with pm.Model() as model:
+            y = pm.Data("y", data["y"])
+            p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
+            pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
+        return model
+""")
+
+
+def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_has_work(tmp_path, session_cache,
+                                                                                      monkeypatch):
+    """The structure goes to nutpie's own compile, which the job then waits for: the job finds the
+    object-mode op itself, before giving the second worker its work, and stops both."""
+    from batchfit.common.standby import Standby
+    from batchfit.errors import CachedPathUnsupported
+
+    taken, take = [], Standby.take
+    monkeypatch.setattr(Standby, "take", lambda self, n: taken.extend(take(self, n)) or taken[-n:])
+    with pytest.raises(CachedPathUnsupported, match=r"SplineWrapper.*object mode"), pytest.warns(UserWarning):
+        compile_in_child(tmp_path, OBJECT_MODE_MODEL, session_cache, workers=2)
+    # killed, the second before it could read its work (a worker refusing the model exits with 4)
+    assert len(taken) == 2 and taken[0].returncode != 0 and taken[1].returncode == -signal.SIGKILL, \
+        [p.returncode for p in taken]
+
+
+def test_the_jobs_own_object_mode_check_rewrites_no_graph_of_a_model_with_numba_implementations(tmp_path,
+                                                                                                  monkeypatch):
+    """The check runs on every cold compile, before the second worker starts: for a model whose ops
+    all have numba implementations, only a walk over its graphs."""
+    import batchfit.compile.entry
+    from batchfit.compile.graphs import SamplerGraphs
+    from batchfit.data.dataset import load_dataset
+    from batchfit.model.model_file import build_model, load_model_file
+
+    (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="check", centre="0.5"))
+    pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "d.csv", index=False)
+    with pytest.warns(UserWarning, match="says"):
+        model = build_model(load_model_file(tmp_path / "model.py"), load_dataset("d", tmp_path / "d.csv"))
+    monkeypatch.setattr(batchfit.compile.entry, "compile_sampler_functions", lambda *a: pytest.fail("rewrote"))
+    batchfit.compile.entry.refuse_object_mode_early(model, SamplerGraphs.of(model))
 
 
 def test_a_worker_that_dies_is_batchfits_failure_with_its_last_words(tmp_path, session_cache):

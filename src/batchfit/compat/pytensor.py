@@ -72,3 +72,18 @@ def compile_or_load(function: Any, argument_types: tuple[Any, ...]) -> bool:
     and ``Dispatcher.stats`` counts its cache's hits."""
     function.get_call_template(argument_types, {})
     return sum(function.stats.cache_hits.values()) > 0
+
+
+def lacks_numba_implementation(op: Any) -> bool:
+    """Whether PyTensor's numba backend has nothing registered for ``op``'s type, so that converting
+    a node of it ends in the generic object-mode fallback (``generate_fallback_impl``).
+
+    The three dispatchers ``numba_funcify_and_cache_key`` tries in turn (``dispatch/basic.py``) are
+    ``functools.singledispatch`` functions whose base case (``object``) leads there; a type that
+    resolves to the base in all three has no numba implementation. Only a quick hint, read before
+    PyTensor's rewrites (`batchfit.compile.entry.refuse_object_mode_early`).
+    """
+    from pytensor.link.numba.dispatch import basic
+
+    dispatchers = (basic.numba_funcify_and_cache_key, basic.numba_funcify_default_op_cache_key, basic.numba_funcify)
+    return all(d.dispatch(type(op)) is d.dispatch(object) for d in dispatchers)

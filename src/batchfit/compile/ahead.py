@@ -4,11 +4,12 @@ A cold compile waits for the worker compiling the log density's callback: numba 
 function of each node of PyTensor's graph in turn, from the first (most of that worker's time),
 then the graph's own function and the callback around it. PyTensor caches every node's function
 in its compile directory, which both workers share (`batchfit.cache.store.open_cache`). So the
-other worker, once its smaller part is done, compiles the log density's node functions from the
-last node back; the log density's worker then loads those instead of compiling them. The two
-meet in the middle: the walk back stops at the first node the log density's worker has already
+other worker, before compiling anything of its own part, compiles the log density's node functions
+from the last node back; the log density's worker then loads those instead of compiling them. The
+two meet in the middle: the walk back stops at the first node the log density's worker has already
 written (a hit in numba's cache that this worker did not write), so it delays the job by at most
-the node it is compiling.
+the node it is compiling. The other worker's own callback comes after the walk, beside the log
+density's worker's last step (the graph's function and callback, which no walk can take).
 
 The argument types must be the ones the graph's function passes, or the entry is not the one it
 loads (numba keys its cache by them): its inputs are C-contiguous arrays (what the callbacks pass,
@@ -20,7 +21,7 @@ compiled twice, never wrongly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from batchfit.compat.pytensor import compile_or_load, input_type, node_function
@@ -28,21 +29,20 @@ from batchfit.compat.pytensor import compile_or_load, input_type, node_function
 log = logging.getLogger("batchfit")
 
 
-def compile_back_to_meet(fgraph: Any, written_here: Iterable[Any], other_done: Callable[[], bool]) -> int:
+def compile_back_to_meet(fgraph: Any, other_done: Callable[[], bool]) -> int:
     """Compile the functions of ``fgraph``'s nodes from the last one back into PyTensor's numba cache,
     until one is found there that only the other worker can have written; return how many were compiled.
 
-    ``written_here``: graphs this process compiled (the expansion's), whose node functions are
-    in the cache by this process's doing. A node whose key an earlier node of ``fgraph`` shares
-    (PyTensor keys a node by its op) may be in the cache by the other worker's compile of that
-    earlier node, before it got anywhere near: a hit there says nothing, and the walk goes on.
+    This process must have compiled nothing before (a hit on a node function it wrote would pass
+    for the other worker's). A node whose key an earlier node of ``fgraph`` shares (PyTensor keys
+    a node by its op) may be in the cache by the other worker's compile of that earlier node,
+    before it got anywhere near: a hit there says nothing, and the walk goes on.
     ``other_done``: whether the other worker has finished, checked before each node (where numba
     typed a node otherwise, no hit ever comes: the walk must not outlast the other worker).
     """
     from numba.core.errors import NumbaError
 
-    own = {found[1] for graph in written_here for node in graph.apply_nodes
-           if (found := node_function(node)) is not None}
+    own: set[str] = set()
     order = [(node, found) for node in fgraph.toposort() if (found := node_function(node)) is not None]
     first = {}
     for position, (_, (_, key)) in enumerate(order):

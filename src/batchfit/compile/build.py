@@ -17,7 +17,7 @@ from batchfit.cache.store import CacheDir, get_or_build
 from batchfit.common.standby import Standby
 from batchfit.compat.nutpie import import_nutpie
 from batchfit.compile.callbacks import WrapperSpec
-from batchfit.compile.entry import NO_OUTPUTS, build_entry, load_callbacks
+from batchfit.compile.entry import NO_OUTPUTS, build_entry, load_callbacks, refuse_object_mode_early
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.sampler import CompiledModel, CompileReport, SamplerFunctions
 from batchfit.compile.workers import ModelSource, build_in_child
@@ -45,7 +45,8 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
 
     def build() -> dict[str, Any]:
         if source is not None:
-            return build_in_child(source, cache, key, workers=workers, meanwhile=prepare_functions)
+            return build_in_child(source, cache, key, workers=workers, meanwhile=prepare_functions,
+                                  check=lambda: refuse_object_mode_early(model, graphs))
         return retry_after_healing(cache, f"compiling cache entry {key[:12]}",
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import CacheDir, CorruptEntry
-from batchfit.compat.pytensor import graph_function
+from batchfit.compat.pytensor import graph_function, lacks_numba_implementation
 from batchfit.compile.ahead import compile_back_to_meet
 from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compile.extras import warm_extras
@@ -48,10 +48,13 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
     if fallbacks:
         # A cached callback cannot run an object-mode op (nutpie's call fails at initialisation):
         # say so now, before compiling the callbacks, so the structure goes through nutpie's own compile.
-        ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
-        raise CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
-                                    "numba runs in object mode and batchfit's cached callbacks cannot call")
+        raise _object_mode_unsupported(fallbacks)
     clock.stage(f"PyTensor functions ({', '.join(functions)})")
+    if part == "rest":
+        # First: the log density's worker is the job's longest; this worker's own callback (a few
+        # seconds of numba) then overlaps that worker's last step, the graph's function and callback.
+        count = compile_back_to_meet(functions["logp"].maker.fgraph, lambda: bool(_callback_files(cache, "logp", key)))
+        clock.stage(f"{count} of the log density's node functions, from its last node back")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Cannot cache compiled function.*")
         for kind in PARTS[part]:
@@ -68,16 +71,43 @@ def build_entry(model: Any, cache: CacheDir, key: str, graphs: SamplerGraphs,
                     "cannot be disk-cached (run 'batchfit check' to see which)"
                 )
             clock.stage(f"nutpie's {kind} callback (numba, cached)")
-    if part == "rest":  # before the functions below, whose node functions the walk would take for the other's
-        count = compile_back_to_meet(functions["logp"].maker.fgraph, [functions["expand"].maker.fgraph],
-                                     lambda: bool(_callback_files(cache, "logp", key)))
-        clock.stage(f"{count} of the log density's node functions, from its last node back")
     if part != "logp":
         SamplerFunctions(model).shapes()
         clock.stage("per-process functions (initial point, shapes)")
         warm_extras(model, outputs)
         clock.stage("optional outputs")
     return {"spec": spec.to_json()}
+
+
+def refuse_object_mode_early(model: Any, graphs: SamplerGraphs) -> None:
+    """Raise what `build_entry` would (`CachedPathUnsupported`) for a model with an object-mode
+    operation, in the job, before its second compile worker gets its work (`build_in_child`'s check).
+
+    Such a model goes through nutpie's own compile, which the job then waits for: the workers'
+    imports and rewrites would come on top of it. Checked only where the graphs, as PyMC built
+    them, hold an operation with no numba implementation (a quick walk, no rewrite); then both
+    graphs are rewritten and converted as a single worker would (no numba compile), and only the
+    object-mode operations that finds decide, named as in `build_entry`. Any other such model is
+    still found by its workers.
+    """
+    from pytensor.graph.traversal import ancestors
+
+    import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+
+    nodes = (v.owner for v in ancestors([graphs.logp, graphs.expanded]) if v.owner is not None)
+    if not any(lacks_numba_implementation(node.op) for node in nodes):
+        return
+    with record_generic_fallbacks() as fallbacks:
+        compile_sampler_functions(model, graphs, PARTS["all"])
+    if fallbacks:
+        raise _object_mode_unsupported(fallbacks)
+
+
+def _object_mode_unsupported(fallbacks: list[tuple[Any, Any]]) -> CachedPathUnsupported:
+    """Why the cached path cannot take a model whose graphs PyTensor converted with these object-mode fallbacks."""
+    ops = ", ".join(sorted({type(op).__name__ for op, _ in fallbacks}))
+    return CachedPathUnsupported(f"the model uses an operation with no numba implementation ({ops}), which "
+                                 "numba runs in object mode and batchfit's cached callbacks cannot call")
 
 
 def _callback_files(cache: CacheDir, kind: str, key: str) -> list[Any]:

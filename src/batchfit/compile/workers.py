@@ -86,6 +86,7 @@ def compile_workers(threads: int) -> AbstractContextManager[Standby]:
 
 
 def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: int | Standby = 1,
+                   check: Callable[[], object] | None = None,
                    meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
     """Compile an entry in fresh interpreters that rebuild the same model; return its manifest.
 
@@ -99,6 +100,8 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     half-loaded numba state is reused); the damage is reported in the job's own warnings. The
     workers' other output goes to our log.
 
+    ``check`` runs in this thread once the first worker has its work, before the second gets its
+    own: a failure (the model is one the cached path cannot take) kills both and is raised.
     ``meanwhile`` runs in this thread while the workers compile (this process would only wait);
     the threads that wait for the workers only pass their work and read their output: they import
     nothing, so no import ever runs beside this thread's.
@@ -109,9 +112,21 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
             "--params", json.dumps(source.params)]
     standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
+    taken = dict(zip(parts, standby.take(len(parts)), strict=True))  # the second imports meanwhile
     with ThreadPoolExecutor(len(parts)) as pool:
-        running = {part: pool.submit(_run_worker, proc, [*argv, "--part", part], part)
-                   for part, proc in zip(parts, standby.take(len(parts)), strict=True)}
+        running = {}
+        for part, proc in taken.items():
+            running[part] = pool.submit(_run_worker, proc, [*argv, "--part", part], part)
+            if check is not None and len(running) == 1:
+                try:
+                    check()
+                except BaseException:
+                    for started in taken.values():
+                        started.kill()
+                    running[part].result()
+                    for idle in list(taken.values())[1:]:
+                        idle.communicate()
+                    raise
         if meanwhile is not None:
             meanwhile()
         procs = {part: future.result() for part, future in running.items()}
