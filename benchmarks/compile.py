@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 STAGE = re.compile(r"compile worker \((\w+)\): INFO compile \w+: (.+) in ([\d.]+) s")
 COMPILED = re.compile(r"cache miss \w+: compiled in ([\d.]+) s")
 REFERENCE_FIT = re.compile(r"reference fit of .+ in ([\d.]+) s")
+# the second worker's walk back (batchfit.compile.ahead), whose line starts with how many node functions it compiled
+WALK_BACK = re.compile(r"\d+ of the log density's node functions, from its last node back")
 PARTS = {"nutpie's logp callback (numba, cached)": "numba_logp",
          "nutpie's expand callback (numba, cached)": "numba_expand",
          "per-process functions (initial point, shapes)": "per_process",
@@ -67,7 +69,8 @@ def batchfit_parts(stderr: str) -> dict[str, float]:
     """The compile job's parts from its log (a part two workers both ran: the longer)."""
     parts: dict[str, float] = {}
     for _worker, stage, seconds in STAGE.findall(stderr):
-        name = "graphs" if stage.startswith("PyTensor functions") else PARTS.get(stage, stage)
+        name = ("graphs" if stage.startswith("PyTensor functions") else "walk_back" if WALK_BACK.fullmatch(stage)
+                else PARTS.get(stage, stage))
         parts[name] = max(parts.get(name, 0.0), float(seconds))
     for pattern, name in ((COMPILED, "compile"), (REFERENCE_FIT, "reference_fit")):
         found = pattern.search(stderr)
