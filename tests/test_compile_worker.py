@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from testkit import OBJECT_MODE_MODEL
 
 WARNING_MODEL = textwrap.dedent("""\
     import warnings
@@ -61,20 +62,6 @@ def test_a_model_the_worker_builds_otherwise_is_one_the_cached_path_cannot_take(
     source = WARNING_MODEL.format(tag="x", centre="__import__('os').getpid() * 1e-9")
     with pytest.raises(CachedPathUnsupported, match="same model from the same dataset"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, source, session_cache)
-
-
-# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode.
-OBJECT_MODE_MODEL = textwrap.dedent("""\
-    import numpy as np
-    import pymc as pm
-
-    def build_model(data):
-        with pm.Model() as model:
-            y = pm.Data("y", data["y"])
-            p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
-            pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
-        return model
-""")
 
 
 def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_has_work(tmp_path, session_cache,

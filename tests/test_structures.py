@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 from posterior_checks import assert_same_posterior, reference_posteriors
-from testkit import DISCRETE_FREE
+from testkit import DISCRETE_FREE, OBJECT_MODE_MODEL
 
 from batchfit.config import config_from_dict
 from batchfit.fitting.batch import fit_batch
@@ -55,18 +55,6 @@ PLAIN_SHARED = textwrap.dedent("""\
 """)
 
 
-# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode.
-OBJECT_MODE_OP = textwrap.dedent("""\
-    import numpy as np
-    import pymc as pm
-
-    def build_model(data):
-        with pm.Model() as model:
-            y = pm.Data("y", data["y"])
-            p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
-            pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
-        return model
-""")
 
 def grouped(seed: int, n_groups: int, n_rows: int = 30) -> pd.DataFrame:
     rng = np.random.default_rng([seed, n_groups])
@@ -204,7 +192,7 @@ def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callba
     """A cached callback cannot call an object-mode op: the compile says so, naming the op, and the
     structure is fitted through nutpie's own compile without first failing on the cached path."""
     frames = {"d": pd.DataFrame({"group": "g0", "y": np.round(np.random.default_rng(5).normal(0.6, 0.3, 20), 4)})}
-    config = sweep(tmp_path, OBJECT_MODE_OP, frames, session_cache)
+    config = sweep(tmp_path, OBJECT_MODE_MODEL, frames, session_cache)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = fit_batch(config, ["d"], batch_id="b")

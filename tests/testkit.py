@@ -130,6 +130,21 @@ def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
         return {name: np.asarray(var.values) for name, var in tree["posterior"].to_dataset().data_vars.items()}
 
 
+# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode: a model
+# batchfit's cached path cannot take, which goes through nutpie's own compile.
+OBJECT_MODE_MODEL = """\
+import numpy as np
+import pymc as pm
+
+def build_model(data):
+    with pm.Model() as model:
+        y = pm.Data("y", data["y"])
+        p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
+        pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
+    return model
+"""
+
+
 # A slope known to be a whole number: a discrete free variable, which NUTS cannot sample, so a sweep fits it
 # with pm.sample's own step methods (Metropolis for the slope, NUTS for the rest); nutpie refuses the model.
 DISCRETE_FREE = """\
