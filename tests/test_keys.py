@@ -41,6 +41,11 @@ COMMON = dict(model_kwargs="", sigma_kwargs="", likelihood=NORMAL,
               extra='pm.Potential("pen", -0.5 * mu**2); pm.Deterministic("scaled", mu * 2.0)')
 CUSTOM_LOGP = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
                'logp=lambda v, mu, sigma: pm.logp(pm.Normal.dist(mu{shift}, sigma), v))')
+# A penalty through a scipy spline of a parabola centred at 0 (or 3): PyMC's SplineWrapper op holds the
+# spline, whose knots and coefficients live in private attributes; no graph input shows them.
+SPLINE = ('from scipy.interpolate import InterpolatedUnivariateSpline; '
+          'from pymc.distributions.dist_math import SplineWrapper; knots = np.linspace(-20.0, 20.0, 41); '
+          'pm.Potential("pen", SplineWrapper(InterpolatedUnivariateSpline(knots, -0.5 * (knots{shift}) ** 2, k=3))(mu))')
 CUSTOM_DIST = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
                'dist=lambda mu, sigma, size: pm.Normal.dist(mu{shift}, sigma, size=size))')
 
@@ -57,6 +62,8 @@ VARIANTS = {
     "CustomDist logp shifted": {**COMMON, "extra": "", "likelihood": CUSTOM_LOGP.format(shift=" + 10.0")},
     "CustomDist dist": {**COMMON, "extra": "", "likelihood": CUSTOM_DIST.format(shift="")},
     "CustomDist dist shifted": {**COMMON, "extra": "", "likelihood": CUSTOM_DIST.format(shift=" + 10.0")},
+    "spline penalty": {**COMMON, "extra": SPLINE.format(shift="")},
+    "spline penalty shifted": {**COMMON, "extra": SPLINE.format(shift=" - 3.0")},
 }
 # (first sweep, second sweep): the second must get its own key, entry and posterior.
 DIFFERENT = [
@@ -67,6 +74,7 @@ DIFFERENT = [
     ("common", "check_bounds off"),
     ("CustomDist logp", "CustomDist logp shifted"),
     ("CustomDist dist", "CustomDist dist shifted"),
+    ("spline penalty", "spline penalty shifted"),
 ]
 
 # Distributions whose PyMC graphs share interned inner-graph nodes between models: compiling

@@ -113,13 +113,22 @@ def describe(value: Any) -> str:
 
 
 def _public_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """An object's attributes that describe it.
+    """An object's attributes that describe it: public ones, and private ones holding arrays.
 
-    Private attributes hold lazily filled caches, and ``tag`` holds annotations that compiling
-    adds to graph nodes (``tag.imported_by``): PyTensor interns inner-graph nodes across models,
-    so reading either would make the key depend on what the process compiled before.
+    Private attributes mostly hold lazily filled caches (``frozendict._hash``), and ``tag`` holds
+    annotations that compiling adds to graph nodes (``tag.imported_by``): PyTensor interns
+    inner-graph nodes across models, so reading either would make the key depend on what the
+    process compiled before. Arrays are data, though, wherever an object keeps them: a fitted
+    scipy spline (PyMC's ``SplineWrapper`` op, ``pm.Interpolated``) holds its knots and
+    coefficients only in private attributes, and two splines must not share a key.
     """
-    return {k: v for k, v in state.items() if not k.startswith("_") and k != "tag"}
+    return {k: v for k, v in state.items() if k != "tag" and (not k.startswith("_") or _holds_arrays(v))}
+
+
+def _holds_arrays(value: Any) -> bool:
+    """An array, or a tuple or list with one among its items."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(item, np.ndarray) for item in items)
 
 
 def describe_function(func: types.FunctionType) -> str:
