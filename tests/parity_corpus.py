@@ -176,10 +176,11 @@ SKIPPED: dict[str, str] = {
                        "as families); the Wishart family itself is in LIKELIHOOD",
 }
 
-# Families fitted in a model of their own: their structure goes through nutpie's own compile
-# (batchfit's fallback), which would otherwise take their group's other families off the cached path.
+# Families fitted in a model of their own: their pm.sample reference cannot be compiled through
+# JAX, which would otherwise take their group's other families' reference onto numba, the backend
+# batchfit runs (posterior_checks.sample_reference).
 FIT_ALONE = {
-    "Interpolated",  # its logp's SplineWrapper op has no numba implementation (object mode)
+    "Interpolated",  # its logp's SplineWrapper op has no JAX conversion
 }
 
 BASES = ("Distribution", "Continuous", "Discrete", "SymbolicRandomVariable")

@@ -370,3 +370,17 @@ def test_pytensor_numba_dispatchers_resolve_an_op_without_numba_implementation_t
     assert lacks_numba_implementation(NoNumba()), "pytensor's numba dispatchers no longer fall back for an unknown op"
     assert not lacks_numba_implementation(pt.exp(pt.dvector()).owner.op)
     assert not lacks_numba_implementation(pt.dot(pt.dmatrix(), pt.dvector()).owner.op)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_scipy_spline_keeps_the_tck_splev_evaluates(k):
+    """``UnivariateSpline._eval_args``: the knots, coefficients and degree its ``__call__`` evaluates."""
+    from scipy.interpolate import InterpolatedUnivariateSpline, splev
+
+    from batchfit.compat.scipy import spline_tck
+
+    spline = InterpolatedUnivariateSpline(np.linspace(0.0, 1.0, 6), [0.5, 1.0, 1.5, 1.0, 0.5, 0.2], k=k, ext=1)
+    t, c, degree = spline_tck(spline)
+    x = np.linspace(-0.5, 1.5, 41)
+    assert degree == k and t.dtype == c.dtype == np.float64
+    np.testing.assert_array_equal(splev(x, (t, c, degree), ext=spline.ext), spline(x))

@@ -73,7 +73,7 @@ def test_an_object_mode_model_is_refused_by_the_job_before_its_second_worker_has
 
     taken, take = [], Standby.take
     monkeypatch.setattr(Standby, "take", lambda self, n: taken.extend(take(self, n)) or taken[-n:])
-    with pytest.raises(CachedPathUnsupported, match=r"SplineWrapper.*object mode"), pytest.warns(UserWarning):
+    with pytest.raises(CachedPathUnsupported, match=r"PythonSoftplus.*object mode"), pytest.warns(UserWarning):
         compile_in_child(tmp_path, OBJECT_MODE_MODEL, session_cache, workers=2)
     # killed, the second before it could read its work (a worker refusing the model exits with 4)
     assert len(taken) == 2 and taken[0].returncode != 0 and taken[1].returncode == -signal.SIGKILL, \

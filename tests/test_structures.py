@@ -198,7 +198,7 @@ def test_an_object_mode_op_sends_its_structure_to_nutpie_before_compiling_callba
         report = fit_batch(config, ["d"], batch_id="b")
     assert [o.status for o in report.outcomes] == ["ok"], report.outcomes
     messages = [str(w.message) for w in caught if "compile_pymc_model" in str(w.message)]
-    assert len(messages) == 1 and "SplineWrapper" in messages[0] and "object mode" in messages[0], messages
+    assert len(messages) == 1 and "PythonSoftplus" in messages[0] and "object mode" in messages[0], messages
     assert "cached path failed" not in caplog.text
     attrs, posterior = attrs_and_posterior(config, "d")
     assert attrs["sampler_path"] == "nutpie"

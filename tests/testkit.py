@@ -130,17 +130,36 @@ def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
         return {name: np.asarray(var.values) for name, var in tree["posterior"].to_dataset().data_vars.items()}
 
 
-# pm.Interpolated's logp runs scipy's spline (SplineWrapper), an op numba runs in object mode: a model
-# batchfit's cached path cannot take, which goes through nutpie's own compile.
+# A user's op with only a Python implementation (``perform``, as in PyMC's black-box likelihood
+# examples): numba runs it in object mode, a model batchfit's cached path cannot take, which goes
+# through nutpie's own compile.
 OBJECT_MODE_MODEL = """\
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+
+class PythonSoftplus(Op):
+    __props__ = ()
+
+    def make_node(self, x):
+        x = pt.as_tensor_variable(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = np.asarray(np.logaddexp(0.0, inputs[0]))
+
+    def pullback(self, inputs, outputs, output_grads):
+        return [output_grads[0] * pt.sigmoid(inputs[0])]
+
 
 def build_model(data):
     with pm.Model() as model:
         y = pm.Data("y", data["y"])
-        p = pm.Interpolated("p", np.linspace(0.0, 1.0, 5), np.array([0.5, 1.0, 1.5, 1.0, 0.5]))
-        pm.Normal("obs", p, 0.3, observed=y, shape=y.shape)
+        p = pm.Normal("p", 0.0, 1.0)
+        pm.Normal("obs", PythonSoftplus()(p), 0.3, observed=y, shape=y.shape)
     return model
 """
 

@@ -92,7 +92,7 @@ def refuse_object_mode_early(model: Any, graphs: SamplerGraphs) -> None:
     """
     from pytensor.graph.traversal import ancestors
 
-    import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
 
     nodes = (v.owner for v in ancestors([graphs.logp, graphs.expanded]) if v.owner is not None)
     if not any(lacks_numba_implementation(node.op) for node in nodes):

@@ -23,7 +23,7 @@ class ExtraGroups:
     """Compute the ``log_likelihood``, ``log_prior`` and ``posterior_predictive`` groups the config asks for."""
 
     def __init__(self, template: Any, outputs: OutputSettings):
-        import batchfit.compile.linalg  # noqa: F401 - the same numba implementations as the compile worker
+        import batchfit.compile.kernels  # noqa: F401 - the same numba implementations as the compile worker
 
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
@@ -69,7 +69,7 @@ def warm_extras(template: Any, outputs: OutputSettings) -> None:
     Only those asked for: each costs about as much compiling as the sampler's own functions.
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """
-    import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
 
     wanted = [make for make, on in ((_loglik_function, outputs.log_likelihood),
                                     (_predictive_function, outputs.posterior_predictive),

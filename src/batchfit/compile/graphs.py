@@ -123,7 +123,7 @@ def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None,
     """
     from pymc.pytensorf import compile as compile_pymc
 
-    import batchfit.compile.linalg  # noqa: F401 - registers numba implementations PyTensor lacks
+    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
 
     graphs = graphs or SamplerGraphs.of(model)
     outputs = {"logp": graphs.logp_and_gradient, "expand": lambda: [graphs.expanded]}
