@@ -45,7 +45,8 @@ CUSTOM_LOGP = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
 # spline, whose knots and coefficients live in private attributes; no graph input shows them.
 SPLINE = ('from scipy.interpolate import InterpolatedUnivariateSpline; '
           'from pymc.distributions.dist_math import SplineWrapper; knots = np.linspace(-20.0, 20.0, 41); '
-          'pm.Potential("pen", SplineWrapper(InterpolatedUnivariateSpline(knots, -0.5 * (knots{shift}) ** 2, k=3))(mu))')
+          'parabola = InterpolatedUnivariateSpline(knots, -0.5 * (knots{shift}) ** 2, k=3); '
+          'pm.Potential("pen", SplineWrapper(parabola)(mu))')
 CUSTOM_DIST = ('pm.CustomDist("obs", mu, sigma, observed=y, shape=y.shape, '
                'dist=lambda mu, sigma, size: pm.Normal.dist(mu{shift}, sigma, size=size))')
 

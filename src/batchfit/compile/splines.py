@@ -56,10 +56,10 @@ def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> 
                     raise ValueError("SplineWrapper: a value lies outside the spline's knots (ext='raise')")
                 if ext == CONST:
                     v = low if v < low else high
-            # the knot interval t[l] <= v < t[l + 1], k <= l <= n - k - 2 (the end intervals extend outwards)
-            l = k  # noqa: E741 - FITPACK's name
-            while l < n - k - 2 and not v < t[l + 1]:
-                l += 1
+            # the knot interval t[m] <= v < t[m + 1], k <= m <= n - k - 2 (the end intervals extend outwards)
+            m = k  # FITPACK's l
+            while m < n - k - 2 and not v < t[m + 1]:
+                m += 1
             # fpbspl: the k + 1 B-splines that are nonzero at v
             h[0] = 1.0
             for j in range(1, k + 1):
@@ -67,7 +67,7 @@ def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> 
                     hh[i] = h[i]
                 h[0] = 0.0
                 for i in range(1, j + 1):
-                    li, lj = l + i, l + i - j
+                    li, lj = m + i, m + i - j
                     if t[li] != t[lj]:
                         f = hh[i - 1] / (t[li] - t[lj])
                         h[i - 1] += f * (t[li] - v)
@@ -76,7 +76,7 @@ def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> 
                         h[i] = 0.0
             s = 0.0
             for j in range(k + 1):
-                s += c[l - k + j] * h[j]
+                s += c[m - k + j] * h[j]
             out[p] = s
         return out.reshape(x.shape)
 
