@@ -1,9 +1,9 @@
 rule collect:
     """Combine every dataset's fit into the sweep's outputs (also when some datasets failed)."""
     input:
-        batch_manifests if SHARED_FS else [],
+        fit_job_outputs if SHARED_FS else [],
         # Without a shared filesystem: the fit jobs' own output directories, adopted first.
-        outputs=[] if SHARED_FS else batch_outputs,
+        outputs=[] if SHARED_FS else fit_job_outputs,
     output:
         posteriors=here(LAYOUT.posteriors),
         summary=here(LAYOUT.summary),

@@ -170,13 +170,12 @@ def batch_members(wildcards):
         raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's plan ({bf(wildcards).layout.plan})")
 
 
-def batch_manifests(wildcards):
-    return [str(bf(wildcards).layout.batch_manifest(b)) for b in sweep(wildcards.get("variant")).batches]
-
-
-def batch_outputs(wildcards):
-    """The fit jobs' own output directories (no shared filesystem), which collect adopts."""
-    return [str(bf(wildcards).layout.batch_outputs(b)) for b in sweep(wildcards.get("variant")).batches]
+def fit_job_outputs(wildcards):
+    """Every fit job's declared output (fit.smk): its batch manifest, or without a shared filesystem
+    its own results directory, which collect adopts."""
+    layout = bf(wildcards).layout
+    output = layout.batch_manifest if SHARED_FS else layout.batch_outputs
+    return [str(output(b)) for b in sweep(wildcards.get("variant")).batches]
 
 
 def batch_size(wildcards):

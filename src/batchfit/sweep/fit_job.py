@@ -25,12 +25,15 @@ from batchfit.sweep.plan import still_pending, sweep_plan
 def run_fit_job(config: Config, batch: str, *, threads: int, bundle: Path, datasets: Sequence[str] = (),
                 staged: Path | None = None, outputs: Path | None = None) -> BatchReport:
     """Fit the batch ``batch``: the planned ``datasets`` still pending, or with ``staged`` inputs the
-    staged ones, writing into ``outputs`` (the job's own results directory) instead of ``results_dir``."""
+    staged ones, writing into ``outputs`` (the job's own results directory, where the storage plugin
+    puts the rule's output) instead of ``results_dir``; the two come together."""
+    if (staged is None) != (outputs is None):
+        raise TypeError("run_fit_job takes staged inputs and an output directory together, or neither")
     if staged is None:
         return fit_batch(config, still_pending(config, datasets), batch_id=batch, threads=threads,
                          inputs=JobInputs(bundle))
     inputs = JobInputs(bundle, staged)
-    own = dataclasses.replace(config, results_dir=Path(outputs or config.layout.batch_outputs(batch)))
+    own = dataclasses.replace(config, results_dir=Path(outputs))
     return fit_batch(own, inputs.members(), batch_id=batch, threads=threads, inputs=inputs)
 
 
