@@ -111,3 +111,30 @@ def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(BatchfitError, match="not a fit job's output directory"):
         adopt_batch_outputs(ResultsLayout(tmp_path / "results"), [tmp_path / "empty"])
+
+
+def test_a_staged_datasets_failure_names_the_sweeps_file_not_the_copy(tmp_path, session_cache, monkeypatch):
+    """The user never sees the staged copy: the failure record and its message name the sweep's file."""
+    from testkit import write_sweep
+
+    from batchfit.config import load_config
+    from batchfit.fitting.batch import fit_batch
+
+    monkeypatch.chdir(tmp_path)  # the sweep's patterns are relative
+    config = load_config(write_sweep(tmp_path, session_cache, 2))
+    paths = discover_datasets(config)
+    good, bad = list(paths)
+    Path(config.results_dir).mkdir()
+    sweep_coding(config, paths)  # records the registry, as the sweep's plan does
+    staged = tmp_path / "staged"
+    stage_inputs(config, paths, [good, bad], good, staged)
+    copy = JobInputs(staged=staged).datasets(config)[bad]
+    copy.unlink()
+    copy.write_text("")  # the copy arrived empty
+    own = dataclasses.replace(config, results_dir=tmp_path / "job")
+    report = fit_batch(own, [good, bad], batch_id="b", threads=1, inputs=JobInputs(staged=staged))
+
+    assert [o.status for o in report.outcomes] == ["ok", "failed"], report.outcomes
+    record = json.loads(own.layout.failure(bad).read_text())
+    assert f"file {paths[bad]}" in record["message"] and str(staged) not in record["message"], record
+    assert record["path"] == str(paths[bad])

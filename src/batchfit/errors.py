@@ -44,11 +44,17 @@ class DatasetError(BatchfitError):
             where.append(f"column '{column}'")
         prefix = f"dataset error ({', '.join(where)}): " if where else "dataset error: "
         super().__init__(prefix + message)
+        self.message = message
         self.dataset = dataset
         self.path = path
         self.column = column
         named = column is None or f"column '{column}'" in message  # most messages name their column
         self.reason = message if named else f"column '{column}': {message}"
+
+    def naming(self, path: str | Path) -> DatasetError:
+        """The same error naming another file: the sweep's, for a copy staged for a job without a
+        shared filesystem (`batchfit.fitting.job_inputs`), which the user never sees."""
+        return DatasetError(self.message, dataset=self.dataset, path=path, column=self.column)
 
 
 class ModelContractError(BatchfitError):

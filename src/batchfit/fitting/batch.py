@@ -24,6 +24,7 @@ from batchfit.data.dataset import Dataset, load_dataset
 from batchfit.data.discovery import DatasetFiles
 from batchfit.errors import (
     BatchfitError,
+    DatasetError,
     ModelCodeError,
     is_expected,
     one_line,
@@ -220,6 +221,8 @@ def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
     model's own code (`ModelCodeError`) records the model's frames (`batchfit.model.user_traceback`);
     the log has its full traceback, once per distinct error.
     """
+    if isinstance(exc, DatasetError) and exc.path is not None and job.path is not None:
+        exc = exc.naming(job.path)  # a staged copy's error names the sweep's file
     message = one_line(exc)
     trace = ""
     if isinstance(exc, ModelCodeError):
