@@ -12,7 +12,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from pymc.distributions.dist_math import SplineWrapper
-from scipy.interpolate import InterpolatedUnivariateSpline, UnivariateSpline
+from scipy.interpolate import CubicSpline, InterpolatedUnivariateSpline, UnivariateSpline
 
 import batchfit.compile.kernels  # noqa: F401  (registers the numba implementations)
 from batchfit.compile.nopython import fallbacks_in_function
@@ -70,6 +70,18 @@ def test_outside_the_knots_raises_as_scipy_does_with_ext_raise():
     np.testing.assert_allclose(compiled(np.array([0.0, 1.0])), sp([0.0, 1.0]), rtol=1e-12)
     with pytest.raises(ValueError, match="outside the spline's knots"):
         compiled(np.array([0.5, 2.0]))
+
+
+@pytest.mark.filterwarnings("ignore:SplineWrapper should implement:FutureWarning")
+@pytest.mark.filterwarnings("ignore:Numba will use object mode:UserWarning")
+def test_another_callable_in_the_op_stays_in_object_mode_as_pytensor_leaves_it():
+    """The op calls whatever it holds; only scipy's fitted splines have knots to compile."""
+    cubic = CubicSpline(KNOTS, np.sin(KNOTS))
+    compiled, _ = numba_and_python(SplineWrapper(cubic), pt.dvector("x"))
+    value, gradient = compiled(POINTS[:50])
+    np.testing.assert_allclose(value, cubic(POINTS[:50]), rtol=1e-12)
+    np.testing.assert_allclose(gradient, cubic.derivative()(POINTS[:50]), rtol=1e-12)
+    assert {f.reason for f in fallbacks_in_function(compiled)} == {"object_mode"}
 
 
 def test_splines_of_other_points_compile_to_their_own_cached_function(tmp_path):

@@ -7,7 +7,8 @@ of the op: its knots, coefficients and degree (`batchfit.compat.scipy.spline_tck
 extrapolation mode (``ext``) are frozen into the kernel, which evaluates it as
 ``scipy.interpolate.splev`` does (FITPACK's ``splev`` and ``fpbspl``: the same knot interval, the
 same recursion, the four ``ext`` modes), and their digest is the cache key. The op's gradient is
-another ``SplineWrapper`` (of the spline's derivative), compiled the same way.
+another ``SplineWrapper`` (of the spline's derivative), compiled the same way. A ``SplineWrapper``
+around any other callable (its ``perform`` only calls it) stays in object mode, as PyTensor leaves it.
 
 Importing this module registers the implementation with PyTensor's numba dispatcher.
 """
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 from pymc.distributions.dist_math import SplineWrapper
 from pytensor.link.numba.dispatch import basic as numba_basic
-from pytensor.link.numba.dispatch.basic import register_funcify_and_cache_key
+from pytensor.link.numba.dispatch.basic import generate_fallback_impl, register_funcify_and_cache_key
+from scipy.interpolate import UnivariateSpline
 
 from batchfit.compat.scipy import spline_tck
 
@@ -32,8 +34,10 @@ EXTRAPOLATE, ZEROS, RAISE, CONST = 0, 1, 2, 3
 
 
 @register_funcify_and_cache_key(SplineWrapper)
-def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> tuple[Any, str]:
+def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> tuple[Any, str | None]:
     """The spline evaluated elementwise in nopython mode, and its cache key."""
+    if not isinstance(op.spline, UnivariateSpline):
+        return generate_fallback_impl(op, node=node, **kwargs), None
     t, c, k = spline_tck(op.spline)
     ext = int(op.spline.ext)
     out_dtype = np.dtype(node.outputs[0].type.dtype)
