@@ -16,7 +16,7 @@ import pytest
 
 from batchfit.config import Config, config_from_dict
 from batchfit.data.coding import sweep_coding
-from batchfit.data.discovery import discover_datasets
+from batchfit.data.discovery import DatasetFiles, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.job_inputs import JobInputs, stage_inputs
 from batchfit.fitting.provenance import record_digest, recorded_digest
@@ -113,28 +113,51 @@ def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):
         adopt_batch_outputs(ResultsLayout(tmp_path / "results"), [tmp_path / "empty"])
 
 
-def test_a_staged_datasets_failure_names_the_sweeps_file_not_the_copy(tmp_path, session_cache, monkeypatch):
-    """The user never sees the staged copy: the failure record and its message name the sweep's file."""
+def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, DatasetFiles, Path]:
+    """A two-dataset sweep of the bundled model staged for one job, the last ``emptied`` copies empty
+    (as if they arrived broken); run from ``tmp_path``, where the sweep's patterns are relative to."""
     from testkit import write_sweep
 
     from batchfit.config import load_config
-    from batchfit.fitting.batch import fit_batch
 
-    monkeypatch.chdir(tmp_path)  # the sweep's patterns are relative
-    config = load_config(write_sweep(tmp_path, session_cache, 2))
+    config = load_config(write_sweep(tmp_path, cache, 2))
     paths = discover_datasets(config)
-    good, bad = list(paths)
     Path(config.results_dir).mkdir()
     sweep_coding(config, paths)  # records the registry, as the sweep's plan does
     staged = tmp_path / "staged"
-    stage_inputs(config, paths, [good, bad], good, staged)
-    copy = JobInputs(staged=staged).datasets(config)[bad]
-    copy.unlink()
-    copy.write_text("")  # the copy arrived empty
-    own = dataclasses.replace(config, results_dir=tmp_path / "job")
-    report = fit_batch(own, [good, bad], batch_id="b", threads=1, inputs=JobInputs(staged=staged))
+    stage_inputs(config, paths, list(paths), list(paths)[0], staged)
+    for dataset_id in list(paths)[len(paths) - emptied:]:
+        copy = JobInputs(staged=staged).datasets(config)[dataset_id]
+        copy.unlink()
+        copy.write_text("")
+    return dataclasses.replace(config, results_dir=tmp_path / "job"), paths, staged
+
+
+def test_a_staged_datasets_failure_names_the_sweeps_file_not_the_copy(tmp_path, session_cache, monkeypatch):
+    """The user never sees the staged copy: the failure record and its message name the sweep's file."""
+    from batchfit.fitting.batch import fit_batch
+
+    monkeypatch.chdir(tmp_path)
+    config, paths, staged = staged_sweep(tmp_path, session_cache, emptied=1)
+    good, bad = list(paths)
+    report = fit_batch(config, [good, bad], batch_id="b", threads=1, inputs=JobInputs(staged=staged))
 
     assert [o.status for o in report.outcomes] == ["ok", "failed"], report.outcomes
-    record = json.loads(own.layout.failure(bad).read_text())
+    record = json.loads(config.layout.failure(bad).read_text())
     assert f"file {paths[bad]}" in record["message"] and str(staged) not in record["message"], record
     assert record["path"] == str(paths[bad])
+
+
+def test_a_staged_job_that_can_build_no_model_names_the_sweeps_files(tmp_path, session_cache, monkeypatch):
+    from batchfit.errors import ModelContractError
+    from batchfit.fitting.batch import fit_batch
+
+    monkeypatch.chdir(tmp_path)
+    config, paths, staged = staged_sweep(tmp_path, session_cache, emptied=1)
+    copy = JobInputs(staged=staged).datasets(config)[list(paths)[0]]
+    copy.unlink()
+    copy.mkdir()  # unreadable, and another reason than the empty one's: a line of its own
+    with pytest.raises(ModelContractError, match="no dataset could be loaded") as raised:
+        fit_batch(config, list(paths), batch_id="b", threads=1, inputs=JobInputs(staged=staged))
+    assert all(f"file {path}" in str(raised.value) for path in paths.values()), raised.value
+    assert str(staged) not in str(raised.value)

@@ -51,9 +51,11 @@ class DatasetError(BatchfitError):
         named = column is None or f"column '{column}'" in message  # most messages name their column
         self.reason = message if named else f"column '{column}': {message}"
 
-    def naming(self, path: str | Path) -> DatasetError:
-        """The same error naming another file: the sweep's, for a copy staged for a job without a
-        shared filesystem (`batchfit.fitting.job_inputs`), which the user never sees."""
+    def naming(self, path: str | Path | None) -> DatasetError:
+        """The same error naming another file (if it names one): the sweep's, for a copy staged for a
+        job without a shared filesystem (`batchfit.fitting.job_inputs`), which the user never sees."""
+        if self.path is None or path is None:
+            return self
         return DatasetError(self.message, dataset=self.dataset, path=path, column=self.column)
 
 

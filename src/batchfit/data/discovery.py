@@ -66,6 +66,13 @@ class DatasetFiles(Mapping[str, Path]):
         return f"DatasetFiles({self._files!r})"
 
 
+def source_of(paths: Mapping[str, Path], dataset_id: str) -> Path | None:
+    """A dataset's file as the sweep knows it: not the copy staged for a job without a shared filesystem."""
+    if dataset_id not in paths:
+        return None
+    return paths.source(dataset_id) if isinstance(paths, DatasetFiles) else paths[dataset_id]
+
+
 def discover_datasets(config: Config, *, renamed: dict[str, str] | None = None) -> DatasetFiles:
     """Expand the `datasets` patterns (relative to the current directory) into id -> file, sorted by id.
 

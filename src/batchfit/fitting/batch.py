@@ -21,7 +21,7 @@ from batchfit.compat.nutpie import wait_for_sampler_threads
 from batchfit.compile.structures import Structure
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, load_dataset
-from batchfit.data.discovery import DatasetFiles
+from batchfit.data.discovery import source_of
 from batchfit.errors import (
     BatchfitError,
     DatasetError,
@@ -159,13 +159,6 @@ def after_sampling() -> None:
         log.warning("nutpie's chain threads did not end within a minute after sampling")
 
 
-def source_of(paths: Mapping[str, Path], dataset_id: str) -> Path | None:
-    """A dataset's file as the sweep knows it: not the copy staged for a job without a shared filesystem."""
-    if dataset_id not in paths:
-        return None
-    return paths.source(dataset_id) if isinstance(paths, DatasetFiles) else paths[dataset_id]
-
-
 def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> DatasetFit | Outcome:
     """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
     job = DatasetFit(dataset_id, source_of(paths, dataset_id))
@@ -221,7 +214,7 @@ def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
     model's own code (`ModelCodeError`) records the model's frames (`batchfit.model.user_traceback`);
     the log has its full traceback, once per distinct error.
     """
-    if isinstance(exc, DatasetError) and exc.path is not None and job.path is not None:
+    if isinstance(exc, DatasetError):
         exc = exc.naming(job.path)  # a staged copy's error names the sweep's file
     message = one_line(exc)
     trace = ""

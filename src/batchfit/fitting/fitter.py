@@ -30,11 +30,13 @@ from batchfit.compile.workers import ModelSource
 from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model, load_dataset
+from batchfit.data.discovery import source_of
 from batchfit.data.labels import Coding
 from batchfit.errors import (
     BatchfitError,
     CachedPathUnsupported,
     ConfigError,
+    DatasetError,
     ModelCodeError,
     ModelContractError,
     SamplerFailure,
@@ -100,8 +102,8 @@ def reference_model(config: Config, paths: Mapping[str, Path], coding: Coding | 
             reqs = requirements(model)
             check_dataset(dataset, reqs)
             return Reference(dataset, model, reqs, coding)
-        except BatchfitError as exc:
-            errors[dataset_id] = exc
+        except BatchfitError as exc:  # a staged copy's error names the sweep's file
+            errors[dataset_id] = exc.naming(source_of(paths, dataset_id)) if isinstance(exc, DatasetError) else exc
             if len(errors) >= 3:
                 break
     raise ModelContractError(f"no dataset could be loaded and built into a model (tried {len(errors)}):\n  "
@@ -111,7 +113,7 @@ def reference_model(config: Config, paths: Mapping[str, Path], coding: Coding | 
 def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> list[str]:
     """One line per distinct error of ``errors`` (the datasets' own message when one alone has it), each model
     error followed by the model's own traceback."""
-    reasons = {d: reason_of(exc, d, paths.get(d)) for d, exc in errors.items()}
+    reasons = {d: reason_of(exc, d, source_of(paths, d)) for d, exc in errors.items()}
     lines = []
     for reason, ids in group_by_reason(reasons):
         first = errors[ids[0]]
