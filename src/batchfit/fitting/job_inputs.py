@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from batchfit.config import Config
@@ -44,23 +45,25 @@ class JobInputs:
         """The datasets this job can read, id -> file: the config's, or the staged ones."""
         if self.staged is None:
             return discover_datasets(config)
-        manifest = self._manifest()
+        manifest = self._manifest
         return DatasetFiles(((d, self.staged / name) for d, name in manifest["files"].items()), manifest["sources"])
 
     def coding(self, config: Config, paths: Mapping[str, Path]) -> Coding:
         """The sweep's coding: recorded (and updated) in the results directory, or the staged registry's."""
         if self.staged is None:
             return sweep_coding(config, paths)
-        ids = self._manifest()["sweep"]
+        ids = self._manifest["sweep"]
         return recorded_coding(config, self.staged / _REGISTRY, dict.fromkeys(ids, Path()))
 
     def members(self) -> list[str]:
         """The datasets staged for fitting (the batch; the reference may be staged only to build it)."""
         if self.staged is None:
             raise BatchfitError("a job without staged inputs takes its datasets from the sweep's plan")
-        return list(self._manifest()["members"])
+        return list(self._manifest["members"])
 
+    @cached_property
     def _manifest(self) -> dict:
+        """The staged manifest, read once per job (a frozen dataclass still takes a cached property)."""
         assert self.staged is not None
         path = self.staged / _MANIFEST
         try:
