@@ -24,7 +24,7 @@ POINTS = np.concatenate([RNG.uniform(-1.5, 2.5, 200), KNOTS, [-1e9, 1e9, np.next
 
 
 def spline(k: int, ext: int, smooth: bool = False) -> UnivariateSpline:
-    values = RNG.uniform(0.1, 2.0, KNOTS.size)
+    values = np.random.default_rng([k, ext, smooth]).uniform(0.1, 2.0, KNOTS.size)  # the same in any test order
     if smooth:  # fewer knots than points: coefficients padded past the used ones
         return UnivariateSpline(KNOTS, values, k=k, s=0.5, ext=ext)
     return InterpolatedUnivariateSpline(KNOTS, values, k=k, ext=ext)
