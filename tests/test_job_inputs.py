@@ -16,7 +16,7 @@ import pytest
 
 from batchfit.config import Config, config_from_dict
 from batchfit.data.coding import sweep_coding
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.job_inputs import JobInputs, stage_inputs
 from batchfit.fitting.provenance import record_digest, recorded_digest
@@ -113,7 +113,7 @@ def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):
         adopt_batch_outputs(ResultsLayout(tmp_path / "results"), [tmp_path / "empty"])
 
 
-def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, DatasetFiles, Path]:
+def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, DatasetIndex, Path]:
     """A two-dataset sweep of the bundled model staged for one job, the last ``emptied`` copies empty
     (as if they arrived broken); run from ``tmp_path``, where the sweep's patterns are relative to."""
     from testkit import write_sweep

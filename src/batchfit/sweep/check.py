@@ -32,11 +32,11 @@ from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
 from batchfit.compile.nopython import fallbacks_in_function
 from batchfit.compile.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
 from batchfit.config import Config
-from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import coerce_for_model, load_dataset
+from batchfit.data.dataset import coerce_for_model
 from batchfit.data.discovery import discover_datasets
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
-from batchfit.fitting.fitter import kept_variables, reference_model
+from batchfit.fitting.fitter import kept_variables, reference_model, sweep_reader
 from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
 from batchfit.model.model_file import baked_values, build_model, data_containers, load_model_file, requirements
 from batchfit.model.variables import variable_roles
@@ -138,10 +138,11 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     renamed: dict[str, str] = {}
     paths = discover_datasets(config, renamed=renamed)
+    reader = sweep_reader(config, paths)
     try:
-        ref = reference_model(config, paths)
+        ref = reference_model(config, reader)
     except BatchfitError:  # no dataset builds: say why for each of them
-        return _unbuildable(config, paths, renamed)
+        return _unbuildable(config, reader, renamed)
     report = CheckReport(ref.dataset.id, renamed=renamed, params=param_lines(config.params, ref.model))
     try:
         kept_variables(config, variable_roles(ref.model))
@@ -151,7 +152,7 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     representatives: dict[str, Any] = {}
     for dataset_id, path in (paths.items() if datasets else [(ref.dataset.id, ref.dataset.path)]):
         try:
-            dataset = load_dataset(dataset_id, path, ref.coding, config.params)
+            dataset = reader.load(dataset_id)
             dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
                                                            **coerce_for_model(dataset, ref.requirements)})
             model = build_model(module, dataset, config.params)
@@ -199,14 +200,14 @@ def param_lines(params: Mapping[str, Any], model: Any) -> list[str]:
         for name, value in params.items()]
 
 
-def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, str]) -> CheckReport:
+def _unbuildable(config: Config, reader: DatasetReader, renamed: dict[str, str]) -> CheckReport:
     """The report when no dataset can be built into a model: each dataset's own reason."""
 
     report = CheckReport("(none: no dataset builds a model)", renamed=renamed)
-    module, coding = load_model_file(config.model), sweep_coding(config, paths)
-    for dataset_id, path in paths.items():
+    module = load_model_file(config.model)
+    for dataset_id, path in reader.index.items():
         try:
-            build_model(module, load_dataset(dataset_id, path, coding, config.params), config.params)
+            build_model(module, reader.load(dataset_id), config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
     return report

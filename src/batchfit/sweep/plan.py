@@ -9,12 +9,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from batchfit import __version__
 from batchfit.common.atomic import write_json
 from batchfit.compile.fingerprint import LIBRARIES
-from batchfit.config import AUTO, Config
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.config import AUTO, Config, TableSource
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.provenance import expected_digests, recorded_digest, write_planned
 from batchfit.model.imports import user_imports
@@ -123,9 +124,28 @@ def write_plan(config: Config, sweep: Plan) -> None:
     what planning it computed before the results directory existed (`provenance.write_planned`);
     move the outputs of datasets no longer in the sweep out of the way (`move_orphans`)."""
     move_orphans(config.layout, list(sweep.datasets))
-    write_json(config.layout.plan, {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
-                                   "batches": sweep.batches})
+    write_json(config.layout.plan, plan_record(sweep))
     write_planned(config)
+
+
+def plan_record(sweep: Plan) -> dict[str, Any]:
+    """The plan as ``plan.json`` keeps it (`read_plan` reads it): each dataset's file, each table group's table
+    and key values, and the batches."""
+    datasets = sweep.datasets
+    index = datasets if isinstance(datasets, DatasetIndex) else DatasetIndex(datasets.items())
+    tables = index.tables
+    number = {table: n for n, table in enumerate(tables)}
+    groups = {d: [number[g[0]], list(g[1])] for d in index if (g := index.group(d)) is not None}
+    return {"datasets": {d: str(p) for d, p in datasets.items()}, "batches": sweep.batches,
+            "tables": [{"table": str(t.table), "by": list(t.by)} for t in tables], "groups": groups}
+
+
+def read_plan(record: Mapping[str, Any]) -> Plan:
+    """The plan a `plan_record` describes."""
+    tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in record.get("tables", [])]
+    groups = {d: (tables[n], tuple(key)) for d, (n, key) in record.get("groups", {}).items()}
+    return Plan(DatasetIndex(record["datasets"].items(), groups=groups),
+                {b: list(ids) for b, ids in record["batches"].items()})
 
 
 def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
@@ -141,9 +161,7 @@ def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
     if not job or not path.exists():
         return plan(config, cores)
     try:
-        recorded = json.loads(path.read_text())
-        return Plan(DatasetFiles(recorded["datasets"].items()),
-                    {b: list(ids) for b, ids in recorded["batches"].items()})
+        return read_plan(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BatchfitError(f"the sweep's plan {path} is unreadable ({exc}); delete it and run the sweep "
                             "again") from exc

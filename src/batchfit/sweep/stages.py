@@ -83,7 +83,7 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
     start = time.perf_counter()
     try:
         fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
-                      provenance=fitter.provenance(ref.id, ref.path))
+                      provenance=fitter.provenance(ref.id))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
         after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
         log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
