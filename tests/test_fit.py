@@ -503,7 +503,6 @@ def test_datasets_on_the_cached_path_are_built_without_creation_tracebacks(data_
     import pytensor
 
     from batchfit.compile.structures import CACHED
-    from batchfit.data.dataset import load_dataset
     from batchfit.fitting.fitter import Fitter, prepare
 
     config = make_config(tmp_path / "results", hierarchical_entry, [str(data_dir / "*.csv")])

@@ -214,7 +214,6 @@ def scale_sweep(root: Path, cache: Path) -> Path:
 
 def test_a_number_param_in_pm_data_shares_one_structure_and_a_constant_one_does_not(tmp_path, monkeypatch):
     from batchfit.compile.fingerprint import structure_of
-    from batchfit.data.discovery import discover_datasets
     from batchfit.fitting.fitter import reference_model, sweep_reader
     from batchfit.sweep.check import param_lines
 

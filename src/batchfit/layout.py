@@ -19,7 +19,7 @@ SENSITIVITY_CSV = "sensitivity.csv"
 # What a results_dir holds at its top level: a sweep of variants puts each variant's beside them
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
-                            "data_sha256.json", "tables", "summaries", "orphaned", "plots", "report", "sbc",
+                            "data_sha256.json", "tables", "register", "summaries", "orphaned", "plots", "report", "sbc",
                             "status.txt",
                             SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
 
@@ -45,6 +45,16 @@ class ResultsLayout:
     def sidecar(self, dataset_id: str) -> Path:
         """The small JSON beside a fit that records its provenance digest (read by the plan)."""
         return self.fits / f"{dataset_id}.json"
+
+    @property
+    def fit_register(self) -> Path:
+        """Every dataset's fit digest or failure, in one file (`batchfit.fitting.fit_register`)."""
+        return self.root / "register" / "fits.json"
+
+    @property
+    def touched(self) -> Path:
+        """The lists of datasets whose files a process is about to change (`batchfit.fitting.fit_register`)."""
+        return self.root / "register" / "touched"
 
     @property
     def failures(self) -> Path:

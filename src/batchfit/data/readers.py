@@ -108,7 +108,9 @@ def _label_column_of_numbers(frame: pd.DataFrame, coding: Coding, dataset_id: st
         column = frame[name]
         if column_kind(column) != "number":
             continue
-        raise DatasetError(f"column {name!r} holds only numbers here (e.g. {column.dropna().iloc[0]!r}), while the "
+        example = column.dropna().iloc[0]
+        example = example.item() if isinstance(example, np.generic) else example
+        raise DatasetError(f"column {name!r} holds only numbers here (e.g. {example!r}), while the "
                            "sweep's other datasets hold text (labels) in it; if its numbers are labels too, list the "
                            "column "
                            f"under the config's columns (columns: {{{name}: {{}}}}) so that every dataset's values "

@@ -31,6 +31,7 @@ from batchfit.errors import (
     reason_of,
 )
 from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.fit_register import touching
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.lanes import LANE_STAGE, lanes
@@ -54,6 +55,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     # The datasets first, so that a dataset's log lines (each starts with its id) are found by
     # `batchfit status --dataset` and by grep.
     log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
+    touching(config.layout, batch_id, dataset_ids)  # before any of their files changes: the register reads them
     owned = (path for d in dataset_ids for path in (config.layout.fit(d), config.layout.failure(d)))
     stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:

@@ -20,9 +20,9 @@ coordinates of every dataset with that column), is part of the digest too.
 
 Plan-time cost: data files are hashed through a cache (``{results}/data_sha256.json``) keyed by
 path, size and modification time; a file whose modification time changed is hashed again and, if
-its content is the same, gives the same digest. Fits are read through their small sidecars,
-far cheaper than opening a NetCDF file (and importing netCDF4 to do so), and only a fit whose
-sidecar is missing or does not match it (its size and modification time) is opened.
+its content is the same, gives the same digest; a table's groups come with its scan
+(`batchfit.data.tables`). What each fit recorded is read from the sweep's fit register
+(`batchfit.fitting.fit_register`), not from a file per dataset.
 """
 
 from __future__ import annotations
@@ -268,34 +268,3 @@ def record_digest(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
     stat = layout.fit(dataset_id).stat()
     data = {"dataset": dataset_id, "provenance": digest, "fit_size": stat.st_size, "fit_mtime_ns": stat.st_mtime_ns}
     layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
-
-
-def fit_digest(path: str | Path) -> str | None:
-    """The digest a fit file recorded (None for a fit without one, e.g. from before batchfit recorded it)."""
-    import netCDF4
-
-    with netCDF4.Dataset(path) as nc:
-        return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
-
-
-def recorded_digest(config: Config, dataset_id: str) -> str | None:
-    """The digest of a dataset's fit: None without a fit; from the sidecar if it describes this fit file.
-
-    A fit replaced by other means than batchfit (copied, restored from a backup) no longer
-    matches its sidecar's size and modification time and is read itself.
-    """
-    fit = config.layout.fit(dataset_id)
-    try:
-        stat = fit.stat()
-    except FileNotFoundError:
-        return None
-    try:
-        side = json.loads(config.layout.sidecar(dataset_id).read_text())
-        if [side["fit_size"], side["fit_mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
-            return side["provenance"]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass  # no sidecar, or a damaged one: the fit itself says
-    try:
-        return fit_digest(fit)
-    except OSError:  # an unreadable fit is as good as none
-        return None

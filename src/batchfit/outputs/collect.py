@@ -25,6 +25,7 @@ import pandas as pd
 from batchfit.common.atomic import atomic_path
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import (
@@ -108,7 +109,7 @@ class CollectReport:
 
 def collect(
     config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None,
-    workers: int | SummaryHelpers = 1,
+    workers: int | SummaryHelpers = 1, register: FitRegister | None = None,
 ) -> CollectReport:
     """Collect the sweep's fits using the layout, health thresholds and summary settings of a `Config`.
 
@@ -118,7 +119,7 @@ def collect(
     processes it started early for ``workers``.
     """
     return collect_fits(dataset_ids, fits=config.layout, thresholds=config.health, summary=config.summary,
-                        expected_provenance=expected_provenance, workers=workers)
+                        expected_provenance=expected_provenance, workers=workers, register=register)
 
 
 def collect_fits(
@@ -130,6 +131,7 @@ def collect_fits(
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
     workers: int | SummaryHelpers = 1,
+    register: FitRegister | None = None,
 ) -> CollectReport:
     """Write summary.csv, datasets.csv, posteriors.nc and failures.csv of `out` (default: `fits`) for
     `dataset_ids`, whose fits and failure records are in `fits`.
@@ -155,10 +157,15 @@ def collect_fits(
     """
     out = out or fits
     fit_path, failure_path = fits.fit, fits.failure
-    fitted, failed = _classify(dataset_ids, fit_path, failure_path)
+    if register is None:
+        has_fit, has_failure = (lambda d: Path(fit_path(d)).is_file()), (lambda d: Path(failure_path(d)).is_file())
+    else:
+        has_fit, has_failure = (lambda d: register.digest(d) is not None), register.failed
+    fitted, failed = _classify(dataset_ids, has_fit, has_failure, fit_path, failure_path)
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
-    cache = SummaryCache(out.summaries, summary, thresholds)
+    stamps = {d: register.fit_stamp(d) for d in fitted} if register is not None else None
+    cache = SummaryCache(out.summaries, summary, thresholds, stamps)
     # Paths as text: Path objects cost memory per dataset, and most of it stays with the process
     # once they are freed, so collect's peak would grow with N (`benchmarks/collect.py`)
     cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
@@ -275,6 +282,8 @@ def _keep_for_next_collect(posteriors: Path, keep: Path) -> None:
 
 def _classify(
     dataset_ids: Sequence[str],
+    has_fit: Callable[[str], bool],
+    has_failure: Callable[[str], bool],
     fit_path: Callable[[str], Path],
     failure_path: Callable[[str], Path],
 ) -> tuple[list[str], list[str]]:
@@ -289,13 +298,12 @@ def _classify(
         )
     fitted, failed, missing, both = [], [], [], []
     for dataset_id in dataset_ids:
-        has_fit = Path(fit_path(dataset_id)).is_file()
-        has_failure = Path(failure_path(dataset_id)).is_file()
-        if has_fit and has_failure:
+        fit, failure = has_fit(dataset_id), has_failure(dataset_id)
+        if fit and failure:
             both.append(dataset_id)
-        elif has_fit:
+        elif fit:
             fitted.append(dataset_id)
-        elif has_failure:
+        elif failure:
             failed.append(dataset_id)
         else:
             missing.append(dataset_id)

@@ -59,11 +59,16 @@ class SummaryCache:
 
     An entry is valid for exactly one fit file content and one `summary_key`; anything else is
     recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
+    ``stamps``: each fit's size and modification time as the sweep's fit register knows them
+    (`batchfit.fitting.fit_register`): an entry made from a fit of that very stamp is valid without
+    hashing the fit again.
     """
 
-    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds):
+    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds,
+                 stamps: Mapping[str, tuple[int, int] | None] | None = None):
         self.directory, self.summary, self.thresholds = directory, summary, thresholds
         self.settings_key = summary_key(summary, thresholds)
+        self.stamps = stamps or {}
         self.summarised: list[str] = []
 
     @property
@@ -76,8 +81,10 @@ class SummaryCache:
         fit_sha256, key, entry = self._cached(dataset_id, fit)
         if entry is not None:
             return entry
+        stat = Path(fit).stat()
         entry, draws = self._compute(dataset_id, fit)
-        entry |= {"key": key, "fit_sha256": fit_sha256}
+        entry |= {"key": key, "fit_sha256": fit_sha256, "settings_key": self.settings_key,
+                  "fit_stamp": [stat.st_size, stat.st_mtime_ns]}
         self.directory.mkdir(parents=True, exist_ok=True)
         self._stage(key, [draws[name] for name in entry["summarised"]])
         with atomic_path(self.directory / f"{dataset_id}.json") as tmp:
@@ -120,7 +127,16 @@ class SummaryCache:
         shutil.rmtree(self.directory / STAGED, ignore_errors=True)
 
     def _cached(self, dataset_id: str, fit: str | Path) -> tuple[str, str, dict[str, Any] | None]:
-        """The fit's sha256, its entry key, and its entry if one with that key is cached."""
+        """The fit's sha256, its entry key, and its entry if one with that key is cached (without hashing the fit
+        when the entry was made from a fit of the stamp the register knows)."""
+        stamp = self.stamps.get(dataset_id)
+        if stamp is not None:
+            try:
+                entry = json.loads((self.directory / f"{dataset_id}.json").read_text())
+                if entry.get("settings_key") == self.settings_key and entry.get("fit_stamp") == list(stamp):
+                    return entry["fit_sha256"], entry["key"], entry
+            except (OSError, ValueError, KeyError, AttributeError):
+                pass
         try:
             fit_sha256 = file_sha256(fit)
         except OSError as exc:

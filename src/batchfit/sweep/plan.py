@@ -17,7 +17,8 @@ from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import AUTO, Config, TableSource
 from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
-from batchfit.fitting.provenance import expected_digests, recorded_digest, write_planned
+from batchfit.fitting.fit_register import FIT, FitRegister, files_entry, settle
+from batchfit.fitting.provenance import expected_digests, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
 
@@ -44,13 +45,6 @@ def batch_id(dataset_ids: Sequence[str], digests: Sequence[str] = (), retry: int
     return f"batch-{digest}"
 
 
-def is_pending(config: Config, dataset_id: str, expected_digest: str) -> bool:
-    """A dataset needs fitting if it has no fit, or its fit recorded another provenance digest.
-
-    By content, not modification time: touching the model or a data file refits nothing, and
-    a changed sampler or outputs setting, model or data file refits exactly what it affects.
-    """
-    return recorded_digest(config, dataset_id) != expected_digest
 
 
 def plan(config: Config, cores: int | None = 1) -> Plan:
@@ -65,11 +59,15 @@ def plan(config: Config, cores: int | None = 1) -> Plan:
     """
     datasets = discover_datasets(config)
     expected = expected_digests(config, datasets)
+    register = FitRegister.current(config.layout)
     ids = list(datasets)
     size = batch_size(config, len(ids), cores)
     batches = {}
     for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
-        pending = [d for d in chunk if is_pending(config, d, expected[d])]
+        # A dataset needs fitting if it has no fit, or its fit recorded another provenance digest: by
+        # content, not modification time, so touching a file refits nothing and a changed setting, model or
+        # data refits exactly what it affects.
+        pending = [d for d in chunk if register.digest(d) != expected[d]]
         if pending:
             batches[untried_batch_id(config, pending, [expected[d] for d in pending])] = pending
     return Plan(datasets, batches)
@@ -124,6 +122,7 @@ def write_plan(config: Config, sweep: Plan) -> None:
     what planning it computed before the results directory existed (`provenance.write_planned`);
     move the outputs of datasets no longer in the sweep out of the way (`move_orphans`)."""
     move_orphans(config.layout, list(sweep.datasets))
+    settle(config.layout, sweep.datasets)  # what the last run's fit jobs changed, if its collect did not run
     write_json(config.layout.plan, plan_record(sweep))
     write_planned(config)
 
@@ -173,7 +172,8 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
     A retried job (after its first attempt was killed) fits only what the first one left.
     """
     expected = expected_digests(config, discover_datasets(config))  # all: the coding is the sweep's
-    return [d for d in dataset_ids if d not in expected or is_pending(config, d, expected[d])]
+    recorded = {d: files_entry(config.layout, d) for d in dataset_ids}  # its own files: a killed attempt's fits
+    return [d for d in dataset_ids if d not in expected or (recorded[d] or [None, None])[:2] != [FIT, expected[d]]]
 
 
 def compile_stamp_path(config: Config) -> Path:
