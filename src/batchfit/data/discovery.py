@@ -42,7 +42,7 @@ class DatasetIndex(Mapping[str, Path]):
     dataset were most of collect's memory growth with the number of datasets.
     """
 
-    __slots__ = ("_files", "_sources", "_groups", "_tables", "_located")
+    __slots__ = ("_files", "_sources", "_groups", "_tables", "_located", "_members")
 
     def __init__(self, files: Iterable[tuple[str, str | Path]] = (), sources: Mapping[str, str] | None = None,
                  groups: Mapping[str, tuple[TableSource, tuple[Any, ...]]] | None = None,
@@ -52,8 +52,10 @@ class DatasetIndex(Mapping[str, Path]):
         self._located = dict(located or {})
         self._tables: dict[TableSource, int] = {}
         self._groups: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        self._members: dict[TableSource, dict[str, tuple[Any, ...]]] = {}
         for dataset_id, (table, key) in (groups or {}).items():
             self._groups[dataset_id] = (self._tables.setdefault(table, len(self._tables)), key)
+            self._members.setdefault(table, {})[dataset_id] = key
 
     def source(self, dataset_id: str) -> Path:
         """The dataset's file as the sweep knows it: for a copy staged for a job without a shared
@@ -78,8 +80,7 @@ class DatasetIndex(Mapping[str, Path]):
 
     def members(self, table: TableSource) -> dict[str, tuple[Any, ...]]:
         """The datasets that are groups of ``table``: id -> key values."""
-        number = self._tables.get(table)
-        return {d: key for d, (n, key) in self._groups.items() if n == number}
+        return self._members.get(table, {})
 
     def __getitem__(self, dataset_id: str) -> Path:
         return Path(self._files[dataset_id])

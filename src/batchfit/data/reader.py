@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchfit.common.hashing import file_sha256
-from batchfit.config import TableSource
+from batchfit.config import RowRules, TableSource
 from batchfit.data.dataset import Dataset, DataSettings, finished, load_dataset
 from batchfit.data.discovery import DatasetIndex
 from batchfit.data.ids import MISSING_KEY
 from batchfit.data.labels import Coding
+from batchfit.data.rows import DroppedRows
 from batchfit.errors import BatchfitError, DatasetError
 
 
@@ -30,7 +32,7 @@ class DatasetReader:
     the config's data ``settings``.
 
     ``wanted``: the datasets this reader will be asked for (a batch and its reference), so that a table
-    is read once for all of them; None: each table group is read when asked for.
+    is read once for all of them; None: every dataset of the index.
     """
 
     def __init__(self, index: Mapping[str, Path], settings: DataSettings, coding: Coding | None, *,
@@ -40,7 +42,7 @@ class DatasetReader:
         self.coding = coding
         self.wanted = set(wanted) if wanted is not None else None
         self._side: Any = None
-        self._tables: dict[TableSource, list[tuple[Any, dict[str, np.ndarray]]]] = {}
+        self._chunks: dict[TableSource, list[_Chunk]] = {}
 
     @property
     def side(self) -> Any:
@@ -67,15 +69,18 @@ class DatasetReader:
         from batchfit.data.tables import table_format
 
         table, key = group
-        frame = self._rows_of(dataset_id, table)
+        chunk = self._chunk(dataset_id, table)
         if key == MISSING_KEY:
-            rows = ", ".join(map(str, frame.index[:5])) + (", ..." if len(frame) > 5 else "")
-            raise DatasetError(f"{len(frame)} row(s) of the table have no value in key column(s) "
-                               f"{', '.join(table.by)} (row index {rows}, counting from 0): every row must belong to "
-                               "a dataset; give them a key, or remove them", dataset=dataset_id, path=path)
+            rows = chunk.raw(dataset_id).index
+            shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+            raise DatasetError(f"{len(rows)} row(s) of the table have no value in key column(s) "
+                               f"{', '.join(table.by)} (row index {shown}, counting from 0): every row must belong "
+                               "to a dataset; give them a key, or remove them", dataset=dataset_id, path=path)
+        if chunk.error is not None:
+            raise DatasetError(chunk.error.message, dataset=dataset_id, path=path, column=chunk.error.column)
         keys = tuple(name for name in table.by if name not in self.settings.columns)
-        rows = frame_rows(frame, dataset_id=dataset_id, path=path, coding=self.coding, rules=self.settings.rows,
-                          typed_by_text=table_format(Path(table.table)) == "CSV", drop=keys)
+        rows = frame_rows(chunk.kept(dataset_id), dataset_id=dataset_id, path=path, coding=self.coding,
+                          rules=chunk.dropped[dataset_id], typed_by_text=table_format(Path(table.table)) == "CSV")
         dataset = Dataset(dataset_id, path, rows.arrays, rows.coords, rows.row_index, rows.dropped, keys)
         return finished(dataset, self.settings, values, self.side)
 
@@ -88,29 +93,72 @@ class DatasetReader:
         else:
             from batchfit.data.tables import rows_digest
 
-            data = rows_digest(self._rows_of(dataset_id, group[0]))
+            data = rows_digest(self._chunk(dataset_id, group[0]).raw(dataset_id))
         return data_digest(data, self.side.digest(dataset_id) if self.settings.values else "")
 
-    def _rows_of(self, dataset_id: str, table: TableSource) -> Any:
-        """The group's rows of ``table``, from one read of every wanted group of it not read yet."""
-        chunks = self._tables.setdefault(table, [])
-        for frame, positions in chunks:
-            if dataset_id in positions:
-                return frame.iloc[positions[dataset_id]]
+    def _chunk(self, dataset_id: str, table: TableSource) -> _Chunk:
+        """The read of ``table`` that holds the group: one read of every wanted group of it not read yet."""
+        chunks = self._chunks.setdefault(table, [])
+        for chunk in chunks:
+            if dataset_id in chunk.positions:
+                return chunk
         from batchfit.data.tables import read_groups
 
         members = self.index.members(table) if isinstance(self.index, DatasetIndex) else {}
-        done = {d for _, positions in chunks for d in positions}
+        done = {d for chunk in chunks for d in chunk.positions}
         wanted = {d: k for d, k in members.items()
-                  if d == dataset_id or self.wanted is not None and d in self.wanted and d not in done}
+                  if d == dataset_id or (self.wanted is None or d in self.wanted) and d not in done}
         as_text = {name for name, column in self.settings.columns.items() if column.label}
         located = self.index.location(table) if isinstance(self.index, DatasetIndex) else Path(table.table)
-        frame, positions = read_groups(dataclasses.replace(table, table=located), wanted, as_text=as_text)
-        chunks.append((frame, positions))
-        if dataset_id not in positions:
+        keys = [name for name in table.by if name not in self.settings.columns]
+        chunk = _Chunk.of(*read_groups(dataclasses.replace(table, table=located), wanted, as_text=as_text),
+                          self.settings.rows, keys)
+        chunks.append(chunk)
+        if dataset_id not in chunk.positions:
             raise DatasetError("the table has no rows of this dataset any more: it changed since the sweep was "
                                "planned; run the sweep again", dataset=dataset_id, path=Path(table.table))
-        return frame.iloc[positions[dataset_id]]
+        return chunk
+
+
+@dataclass
+class _Chunk:
+    """One read of a table's groups: its rows, each group's row positions in them, the row rules applied to the
+    whole read at once (they judge one row at a time): each group's kept positions and dropped counts, or the
+    rules' error, which each of its groups fails with. The rows the groups are loaded from (`kept`) are without
+    the key columns, which are no data, and with text as plain Python strings, quicker to take rows of."""
+
+    frame: Any
+    data: Any
+    positions: dict[str, np.ndarray]
+    keep: np.ndarray
+    dropped: dict[str, DroppedRows]
+    error: DatasetError | None = None
+
+    @classmethod
+    def of(cls, frame: Any, positions: dict[str, np.ndarray], rules: RowRules, keys: list[str]) -> _Chunk:
+        import pandas as pd
+
+        from batchfit.data.rows import rule_masks
+
+        data = frame.drop(columns=keys)
+        data = data.astype({name: object for name, column in data.items()
+                            if isinstance(column.dtype, pd.StringDtype) or column.dtype == object})
+        try:
+            where, present = rule_masks(frame, rules)
+        except DatasetError as exc:
+            return cls(frame, data, positions, np.ones(len(frame), dtype=bool), {}, exc)
+        dropped = {d: DroppedRows(int((~where[rows]).sum()), int((where[rows] & ~present[rows]).sum()))
+                   for d, rows in positions.items()}
+        return cls(frame, data, positions, where & present, dropped)
+
+    def raw(self, dataset_id: str) -> Any:
+        """The group's rows as the table has them."""
+        return self.frame.iloc[self.positions[dataset_id]]
+
+    def kept(self, dataset_id: str) -> Any:
+        """The group's data rows the row rules keep."""
+        rows = self.positions[dataset_id]
+        return self.data.iloc[rows[self.keep[rows]]]
 
 
 def data_digest(rows: str, values: str) -> str:

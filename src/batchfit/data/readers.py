@@ -45,21 +45,26 @@ def read_arrays(dataset_id: str, path: Path, kind: str, coding: Coding | None = 
     return frame_rows(frame, dataset_id=dataset_id, path=path, coding=coding, rules=rules, typed_by_text=kind == "CSV")
 
 
-def frame_rows(frame: pd.DataFrame, *, dataset_id: str, path: Path, coding: Coding | None, rules: RowRules,
-               typed_by_text: bool, drop: Collection[str] = ()) -> Rows:
+def frame_rows(frame: pd.DataFrame, *, dataset_id: str, path: Path, coding: Coding | None,
+               rules: RowRules | DroppedRows, typed_by_text: bool, drop: Collection[str] = ()) -> Rows:
     """One dataset's rows (``frame``: its file's, or its group of a table's, the index their numbers there) as
-    `Rows`: the row ``rules`` applied, then the ``drop`` columns removed (a table's keys), text columns whose
+    `Rows`: the row ``rules`` applied (or, given what they dropped, applied already), then the ``drop`` columns
+    removed (a table's keys), text columns whose
     kept values are all numbers typed again where pandas typed them from text (``typed_by_text``: CSV, as a
     file of just these rows would be), label columns coded by ``coding``.
 
     A column the sweep codes as labels that holds only numbers here fails the dataset alone, naming the
     setting that reads it as labels everywhere (`_label_column_of_numbers`).
     """
-    frame, dropped = apply_where_and_missing(frame, rules, dataset=dataset_id, path=path)
+    if isinstance(rules, DroppedRows):
+        dropped = rules
+    else:
+        frame, dropped = apply_where_and_missing(frame, rules, dataset=dataset_id, path=path)
     if frame.empty:
         raise DatasetError(f"no rows are left once the row rules dropped {dropped.where} (rows.where) and "
                            f"{dropped.missing} (rows.drop_missing)", dataset=dataset_id, path=path)
-    frame = frame.drop(columns=list(drop))
+    if drop:
+        frame = frame.drop(columns=list(drop))
     labels = set(coding.labels) if coding is not None else set()
     if typed_by_text:
         frame = infer_numbers(frame, labels)

@@ -43,10 +43,18 @@ def apply_where_and_missing(frame: pd.DataFrame, rules: RowRules, *, dataset: st
     A rule naming a column the rows lack, or an expression that cannot be evaluated on them, is a
     `DatasetError` naming the config key and the columns there are.
     """
-    dropped_where = 0
-    if rules.where is not None:
+    where, present = rule_masks(frame, rules, dataset=dataset, path=path)
+    return frame[where & present], DroppedRows(int((~where).sum()), int((where & ~present).sum()))
+
+
+def rule_masks(frame: pd.DataFrame, rules: RowRules, *, dataset: str | None = None,
+               path: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether `rows.where` holds, and whether it has a value in every `rows.drop_missing` column. Each
+    rule judges a row alone, so a table's groups can be judged in one go."""
+    where = np.ones(len(frame), dtype=bool)
+    if rules.where is not None and len(frame):
         try:
-            kept = frame.query(rules.where, engine="python")
+            result = frame.eval(rules.where, engine="python")
         except pd.errors.UndefinedVariableError as exc:
             name = str(exc).split("'")[1] if "'" in str(exc) else str(exc)
             raise DatasetError(f"rows.where ({rules.where!r}) names column {name!r}, which the dataset lacks; its "
@@ -54,20 +62,18 @@ def apply_where_and_missing(frame: pd.DataFrame, rules: RowRules, *, dataset: st
         except Exception as exc:  # noqa: BLE001 - pandas' evaluation raises many types; all mean the same here
             raise DatasetError(f"rows.where ({rules.where!r}) cannot be evaluated on the dataset's rows: "
                                f"{type(exc).__name__}: {one_line(exc)}", dataset=dataset, path=path) from None
-        if not isinstance(kept, pd.DataFrame):
+        values = np.asarray(result)
+        if values.shape != (len(frame),) or values.dtype != bool:
             raise DatasetError(f"rows.where ({rules.where!r}) gives no true/false per row", dataset=dataset, path=path)
-        dropped_where = len(frame) - len(kept)
-        frame = kept
-    dropped_missing = 0
+        where = values
+    present = np.ones(len(frame), dtype=bool)
     if rules.drop_missing:
         absent = [name for name in rules.drop_missing if name not in frame.columns]
         if absent:
             raise DatasetError(f"rows.drop_missing names column {absent[0]!r}, which the dataset lacks; its columns: "
                                f"{_names(frame)}", dataset=dataset, path=path, column=absent[0])
-        kept = frame.dropna(subset=list(rules.drop_missing))
-        dropped_missing = len(frame) - len(kept)
-        frame = kept
-    return frame, DroppedRows(dropped_where, dropped_missing)
+        present = frame[list(rules.drop_missing)].notna().all(axis=1).to_numpy()
+    return where, present
 
 
 def infer_numbers(frame: pd.DataFrame, keep_text: Collection[str]) -> pd.DataFrame:

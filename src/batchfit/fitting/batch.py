@@ -193,6 +193,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
         tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
+                           "dropped_where": job.dataset.dropped.where, "dropped_missing": job.dataset.dropped.missing,
                            "wall_seconds": round(time.perf_counter() - job.started, 3), "source": str(job.path)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
@@ -239,7 +240,9 @@ def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
     loaded = job.dataset
     outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message,
                       trace, reason=reason, rows=loaded.n_rows if loaded is not None else None,
-                      groups=format_groups(loaded.groups) if loaded is not None else "")
+                      groups=format_groups(loaded.groups) if loaded is not None else "",
+                      dropped_where=loaded.dropped.where if loaded is not None else None,
+                      dropped_missing=loaded.dropped.missing if loaded is not None else None)
     record_failed(config, outcome, job.path)
     return outcome
 
