@@ -161,8 +161,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "init":
         from batchfit.project import init_project
 
-        written = init_project(args.directory)
-        print(f"init: wrote {len(written)} files in {args.directory}; there, run: snakemake --cores 2")
+        print(init_project(args.directory).one_line())
         return 0
     if args.command == "simulate":
         from pathlib import Path
