@@ -85,3 +85,19 @@ def test_a_nonmem_table_sweeps_with_one_compile_as_the_same_rows_as_files_and_re
     dry = snakemake(tmp_path, by_table, "--dry-run")  # the same rows, another order between subjects
     assert dry.returncode == 0, output_of(dry)[-3000:]
     assert "fit" not in planned_jobs(dry), output_of(dry)[-2000:]
+
+    # A subject leaves the table and a new one comes: the new one is fitted alone, the other's fit moves out.
+    before = {p.name: p.stat().st_mtime_ns for p in (table_results / "fits").glob("*.nc")}
+    newcomer = pk_table(6)
+    newcomer = newcomer[newcomer.ID == 6]
+    pd.concat([table[table.ID != 5], newcomer]).to_csv(tmp_path / "pk.csv", index=False)
+    pd.concat([doses, newcomer[newcomer.EVID == 1][["ID", "AMT"]].rename(columns={"AMT": "dose"})]).to_csv(
+        tmp_path / "doses.csv", index=False)
+    run = snakemake(tmp_path, by_table)
+    assert run.returncode == 0, output_of(run)[-3000:]
+    after = {p.name: p.stat().st_mtime_ns for p in (table_results / "fits").glob("*.nc")}
+    assert set(after) == set(before) - {"5.nc"} | {"6.nc"}
+    assert all(after[name] == before[name] for name in after if name != "6.nc")  # nothing else refitted
+    assert (table_results / "orphaned" / "fits" / "5.nc").is_file()
+    assert pd.read_csv(table_results / "datasets.csv", dtype={"dataset": str})["dataset"].tolist() == \
+        ["1", "2", "3", "4", "6"]
