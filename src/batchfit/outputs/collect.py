@@ -139,9 +139,10 @@ def collect_fits(
     posteriors.nc (`batchfit.outputs.combined`) and summary.csv hold the variables `summary` selects;
     the status is scored on those `thresholds` selects (see `batchfit.model.variables`).
 
-    Incremental: each fit's summary rows, divergences and layout are cached in
-    ``summaries/{id}.json`` of `out`, keyed by the fit file's
-    sha256 and every setting and code the summary depends on (`summary_key`); only fits without
+    Incremental: each fit's summary rows, divergences and layout are cached in the store of
+    ``summaries/`` of `out` (`SummaryCache`), keyed by the fit file's sha256 (or, given the sweep's
+    ``register``, the stamp it records of the fit) and every setting and code the summary depends
+    on (`summary_key`); only fits without
     a matching entry are read and summarised (`CollectReport.summarised_ids`), shared out between
     this process and helpers when there are many (``workers``: processes at once, or helpers
     already started; `SummaryCache.fill`). posteriors.nc is
@@ -168,7 +169,8 @@ def collect_fits(
     cache = SummaryCache(out.summaries, summary, thresholds, stamps)
     # Paths as text: Path objects cost memory per dataset, and most of it stays with the process
     # once they are freed, so collect's peak would grow with N (`benchmarks/collect.py`)
-    cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
+    fits_of = [(d, str(fit_path(d))) for d in fitted]
+    cache.fill(fits_of, workers)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}
     fallbacks: dict[str, list[str]] = {}
@@ -176,7 +178,8 @@ def collect_fits(
     stacked = SweepLayout()  # posteriors.nc's
     with (atomic_path(out.summary) as summary_tmp, atomic_path(out.datasets_csv) as datasets_tmp,
           atomic_path(out.posteriors) as posteriors_tmp):
-        with open(summary_tmp, "w", newline="") as csv_file, open(datasets_tmp, "w", newline="") as datasets_file:
+        with (open(summary_tmp, "w", newline="") as csv_file, open(datasets_tmp, "w", newline="") as datasets_file,
+              cache.taking_in(fits_of) as entries):
             # as pandas' to_csv writes, without a DataFrame per dataset
             csv_out = csv.writer(csv_file, lineterminator="\n")
             csv_out.writerow(columns)
@@ -186,7 +189,7 @@ def collect_fits(
                 if dataset_id in failures:
                     datasets_out.writerow(_dataset_cells(failed_row(failures[dataset_id])))
                     continue
-                entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
+                entry = next(entries)  # in the order of `fitted`, which is the sweep's
                 # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
                 recorded = entry["attrs"].get("provenance")
                 if expected_provenance is not None and recorded != expected_provenance[dataset_id]:
@@ -244,8 +247,7 @@ def _write_posteriors(
     read = []
     with (no_chunk_cache(), stacked_writer(tmp, layout, fitted) as writer,
           previous_blocks(previous, layout.signature()) as (old, blocks)):
-        for i, dataset_id in enumerate(fitted):
-            entry = cache.load(dataset_id)
+        for i, (dataset_id, entry) in enumerate(zip(fitted, cache.stored_entries(), strict=True)):
             block = blocks.get(dataset_id)
             if old is not None and block is not None and block[1] == entry["fit_sha256"]:
                 writer.copy(i, old, block[0])
