@@ -234,8 +234,8 @@ def _scan(dataset_id: str, path: Path, kind: str, as_text: frozenset[str],
 
 def _label_columns(registry: Mapping[str, Any], config: Config,
                    files: Mapping[str, Path]) -> dict[str, ColumnSettings]:
-    """The sweep's label columns with their settings: listed in the config as labels, or text in more of the
-    datasets that have values in it than numbers.
+    """The sweep's label columns with their settings: listed in the config as labels, or text in at least as many
+    of the datasets that have values in it as numbers (numbers can be labels; text cannot be numbers).
 
     By majority, so that one odd dataset cannot change what a column is for the whole sweep: a
     dataset holding numbers in a label column fails alone, naming the setting that reads them as
@@ -251,7 +251,7 @@ def _label_columns(registry: Mapping[str, Any], config: Config,
     _check_listed_columns_exist(config, counts)
     return {name: config.columns.get(name, _DEFAULT) for name, seen in sorted(counts.items())
             if (name in config.columns and config.columns[name].label)
-            or (name not in config.columns and seen["text"] > seen["number"])}
+            or (name not in config.columns and seen["text"] and seen["text"] >= seen["number"])}
 
 
 def _append_levels(registry: dict[str, Any], name: str, settings: ColumnSettings, files: Mapping[str, Path],

@@ -76,23 +76,38 @@ def frame_rows(frame: pd.DataFrame, *, dataset_id: str, path: Path, coding: Codi
 
 def scan_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str],
                rules: RowRules = NO_RULES) -> dict[str, tuple[str, list[str]]]:
-    """Each column's kind (`column_kind`) once the row ``rules`` dropped their rows, and a text column's distinct
-    labels in order of first appearance; `as_text` columns are read as text."""
+    """Each column's vote on its kind (`column_vote`) once the row ``rules`` dropped their rows, and a text
+    column's distinct labels in order of first appearance; `as_text` columns are read as text."""
     frame = _read_table(dataset_id, path, kind, as_text)
     frame, _ = apply_where_and_missing(frame, rules, dataset=dataset_id, path=path)
     if kind == "CSV":
         frame = infer_numbers(frame, as_text)
     found: dict[str, tuple[str, list[str]]] = {}
     for name, column in frame.items():
-        found[str(name)] = (column_kind(column, str(name) in as_text), [])
-        if found[str(name)][0] == "text":
-            found[str(name)] = ("text", list(dict.fromkeys(column.dropna().astype(str))))
+        text = str(name) in as_text or not _is_number(column)
+        found[str(name)] = (column_vote(column, str(name) in as_text),
+                            list(dict.fromkeys(column.dropna().astype(str))) if text else [])
     return found
 
 
+def column_vote(column: pd.Series, as_text: bool = False) -> str:
+    """What one dataset says a column is, as the sweep's coding counts datasets (`batchfit.data.tables` counts
+    a table's groups alike): "empty" without values, "number" where more than half its values read as
+    numbers (a few words among numbers are typos, reported where the model reads it), else "text"."""
+    present = column.dropna()
+    if present.empty:
+        return "empty"
+    if as_text:
+        return "text"
+    if _is_number(column):
+        return "number"
+    parsed = pd.to_numeric(present.astype(object), errors="coerce").notna()
+    return "number" if parsed.mean() > 0.5 else "text"
+
+
 def column_kind(column: pd.Series, as_text: bool = False) -> str:
-    """"empty" (no value), "number" (numbers, or text that all reads as numbers) or "text": what a column is
-    in one dataset, as the sweep's coding counts it (`batchfit.data.tables` counts a table's groups alike)."""
+    """"empty" (no value), "number" (numbers, or text that all reads as numbers) or "text": what a column is in one
+    dataset as it is loaded."""
     present = column.dropna()
     if present.empty:
         return "empty"

@@ -285,9 +285,9 @@ def _normalised(column: pd.Series) -> pd.Series:
 
 def _column_kinds(frame: pd.DataFrame, columns: Iterable[str], rules: RowRules, groups: Groups, ids: list[str],
                   as_text: Collection[str]) -> tuple[dict[str, dict[str, int]], dict[str, list[list[Any]]]]:
-    """Per data column the number of groups in which it holds numbers, text or nothing once the row rules
-    dropped their rows (as `batchfit.data.rows.infer_numbers` types a group's text column), and per
-    text column its labels with the first (group id, row) they appear at."""
+    """Per data column the number of groups that vote it numbers, text or nothing once the row rules dropped
+    their rows (as `batchfit.data.readers.column_vote` counts a file), and per text column its labels with the
+    first (group id, row) they appear at."""
     positions = pd.Series(np.arange(len(frame)), index=frame.index)
     try:
         kept, _ = apply_where_and_missing(frame.assign(**{_POSITION: positions}), rules)
@@ -308,12 +308,11 @@ def _column_kinds(frame: pd.DataFrame, columns: Iterable[str], rules: RowRules, 
             number = has_value
         else:
             parses = present & pd.to_numeric(column.astype(object), errors="coerce").notna().to_numpy()
-            text_rows = present & ~parses
-            number = has_value & (np.bincount(codes[text_rows], minlength=n) == 0)
+            counts = np.bincount(codes[present], minlength=n)
+            number = has_value & (2 * np.bincount(codes[parses], minlength=n) > counts)
             if name in as_text:
                 number = np.zeros(n, dtype=bool)
-            text_groups = has_value & ~number
-            rows = present & text_groups[codes]
+            rows = present & has_value[codes]
             if rows.any():
                 labels[str(name)] = _first_appearances(column[rows].astype(str).to_numpy(dtype=object),
                                                        codes[rows], id_rank, ids)
