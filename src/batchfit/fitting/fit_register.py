@@ -9,9 +9,9 @@ of its own under ``register/touched/`` (`touching`); a reader takes the listed d
 as the truth for them (`FitRegister.current`), and collect and each run's start take them into
 the register and remove the lists (`settle`), when no fit job of the sweep runs.
 
-The register trusts that fits are changed by batchfit only: a fit file replaced or deleted by
-hand is not noticed until its dataset is fitted again (delete the register to have every fit
-read afresh).
+A fit or failure record deleted by hand (to have it redone) is noticed by one listing of its
+directory; a fit file replaced by hand with another is not, until its dataset is fitted again
+(delete the register to have every fit read afresh).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class FitRegister:
         written: a reader's view)."""
         register = cls.read(layout)
         register.fold(layout, touched_ids(layout)[1])
+        register.forget_deleted(layout)
         return register
 
     def write(self) -> None:
@@ -95,6 +96,13 @@ class FitRegister:
                 self.entries.pop(dataset_id, None)
             else:
                 self.entries[dataset_id] = entry
+
+    def forget_deleted(self, layout: ResultsLayout) -> None:
+        """Forget the fits and failure records no longer there (deleted by hand, to have them redone): one
+        listing of each directory, no file opened."""
+        present = {FIT: _names(layout.fits, ".nc"), FAILED: _names(layout.failures, ".json")}
+        for gone in [d for d, entry in self.entries.items() if d not in present[entry[0]]]:
+            del self.entries[gone]
 
     def keep(self, dataset_ids: Iterable[str]) -> None:
         """Forget the datasets not among ``dataset_ids`` (their files moved out: `batchfit.outputs.orphans`)."""
@@ -140,12 +148,22 @@ def settle(layout: ResultsLayout, dataset_ids: Iterable[str] | None = None) -> F
     register = FitRegister.read(layout)
     lists, touched = touched_ids(layout)
     register.fold(layout, touched)
+    register.forget_deleted(layout)
     if dataset_ids is not None:
         register.keep(dataset_ids)
     register.write()
     for path in lists:
         path.unlink(missing_ok=True)
     return register
+
+
+def _names(directory: Path, suffix: str) -> set[str]:
+    """The stems of the files in ``directory`` with ``suffix`` (none if it does not exist)."""
+    try:
+        with os.scandir(directory) as entries:
+            return {e.name[:-len(suffix)] for e in entries if e.name.endswith(suffix) and not e.name.startswith(".")}
+    except FileNotFoundError:
+        return set()
 
 
 def touching(layout: ResultsLayout, name: str, dataset_ids: Iterable[str]) -> None:
