@@ -66,7 +66,6 @@ class DatasetReader:
         if group is None:
             return load_dataset(dataset_id, path, self.coding, self.settings, values, self.side if values else None)
         from batchfit.data.readers import frame_rows
-        from batchfit.data.tables import table_format
 
         table, key = group
         chunk = self._chunk(dataset_id, table)
@@ -80,7 +79,7 @@ class DatasetReader:
             raise DatasetError(chunk.error.message, dataset=dataset_id, path=path, column=chunk.error.column)
         keys = tuple(name for name in table.by if name not in self.settings.columns)
         rows = frame_rows(chunk.kept(dataset_id), dataset_id=dataset_id, path=path, coding=self.coding,
-                          rules=chunk.dropped[dataset_id], typed_by_text=table_format(Path(table.table)) == "CSV")
+                          rules=chunk.dropped[dataset_id], typed_by_text=chunk.csv)
         dataset = Dataset(dataset_id, path, rows.arrays, rows.coords, rows.row_index, rows.dropped, keys)
         return finished(dataset, self.settings, values, self.side)
 
@@ -102,7 +101,7 @@ class DatasetReader:
         for chunk in chunks:
             if dataset_id in chunk.positions:
                 return chunk
-        from batchfit.data.tables import read_groups
+        from batchfit.data.tables import read_groups, table_format
 
         members = self.index.members(table) if isinstance(self.index, DatasetIndex) else {}
         done = {d for chunk in chunks for d in chunk.positions}
@@ -112,7 +111,7 @@ class DatasetReader:
         located = self.index.location(table) if isinstance(self.index, DatasetIndex) else Path(table.table)
         keys = [name for name in table.by if name not in self.settings.columns]
         chunk = _Chunk.of(*read_groups(dataclasses.replace(table, table=located), wanted, as_text=as_text),
-                          self.settings.rows, keys)
+                          self.settings.rows, keys, csv=table_format(Path(table.table)) == "CSV")
         chunks.append(chunk)
         if dataset_id not in chunk.positions:
             raise DatasetError("the table has no rows of this dataset any more: it changed since the sweep was "
@@ -130,26 +129,37 @@ class _Chunk:
     frame: Any
     data: Any
     positions: dict[str, np.ndarray]
-    keep: np.ndarray
+    bounds: dict[str, tuple[int, int]]
     dropped: dict[str, DroppedRows]
+    csv: bool  # the table is a CSV file: its groups' text columns are typed again as files of their rows would be
     error: DatasetError | None = None
 
     @classmethod
-    def of(cls, frame: Any, positions: dict[str, np.ndarray], rules: RowRules, keys: list[str]) -> _Chunk:
+    def of(cls, frame: Any, positions: dict[str, np.ndarray], rules: RowRules, keys: list[str], *,
+           csv: bool) -> _Chunk:
+        """The read ``frame`` and its groups' ``positions``; ``keys``: the key columns that are no data. The kept
+        data rows are laid out group after group, so a group's are a slice (taking rows one group at a time is
+        most of loading a small group)."""
         import pandas as pd
 
         from batchfit.data.rows import rule_masks
 
-        data = frame.drop(columns=keys)
-        data = data.astype({name: object for name, column in data.items()
-                            if isinstance(column.dtype, pd.StringDtype) or column.dtype == object})
         try:
             where, present = rule_masks(frame, rules)
+            error = None
         except DatasetError as exc:
-            return cls(frame, data, positions, np.ones(len(frame), dtype=bool), {}, exc)
+            where, present, error = np.ones(len(frame), dtype=bool), np.ones(len(frame), dtype=bool), exc
+        keep = where & present
+        kept = {d: rows[keep[rows]] for d, rows in positions.items()}
+        ends = np.cumsum([len(rows) for rows in kept.values()])
+        bounds = {d: (int(end - len(rows)), int(end)) for (d, rows), end in zip(kept.items(), ends, strict=True)}
+        order = np.concatenate([*kept.values(), np.zeros(0, dtype=np.int64)])
+        data = frame.drop(columns=keys).iloc[order]
+        data = data.astype({name: object for name, column in data.items()
+                            if isinstance(column.dtype, pd.StringDtype) or column.dtype == object})
         dropped = {d: DroppedRows(int((~where[rows]).sum()), int((where[rows] & ~present[rows]).sum()))
                    for d, rows in positions.items()}
-        return cls(frame, data, positions, where & present, dropped)
+        return cls(frame, data, positions, bounds, dropped, csv, error)
 
     def raw(self, dataset_id: str) -> Any:
         """The group's rows as the table has them."""
@@ -157,8 +167,8 @@ class _Chunk:
 
     def kept(self, dataset_id: str) -> Any:
         """The group's data rows the row rules keep."""
-        rows = self.positions[dataset_id]
-        return self.data.iloc[rows[self.keep[rows]]]
+        start, end = self.bounds[dataset_id]
+        return self.data.iloc[start:end]
 
 
 def data_digest(rows: str, values: str) -> str:

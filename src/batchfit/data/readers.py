@@ -204,6 +204,10 @@ def _columns_to_arrays(
         spec = coding.labels.get(key) if coding is not None else None
         if spec is not None or (coding is None and not _is_number(column)):
             arrays[key], coords[key] = _encode_labels(column, spec, dataset_id, path, key)
+        elif isinstance(column.dtype, np.dtype) and column.dtype.kind in "bi":  # NumPy's: never missing
+            arrays[key] = column.to_numpy(dtype=np.int64)
+        elif isinstance(column.dtype, np.dtype) and column.dtype.kind == "f":
+            arrays[key] = column.to_numpy(dtype=np.float64)
         elif not _is_number(column):
             arrays[key] = column.astype(object).where(column.notna(), np.nan).to_numpy(dtype=object)
         elif not column.hasnans and _fits_int64(column):
