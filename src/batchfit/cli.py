@@ -7,6 +7,7 @@
     batchfit fit     --config CONFIG [IDS]    fit pending (or the named) datasets
     batchfit collect --config CONFIG          combine fits; exit 1 if any dataset failed
     batchfit run     --config CONFIG          compile, fit and collect
+    batchfit predict --config CONFIG [IDS]    predictions on new inputs (config key predict) from the fits
     batchfit sbc     --config CONFIG          simulation-based calibration; exit 1 unless it passes
     batchfit status  --config CONFIG [--dataset ID]   where the sweep stands, read from its files
     batchfit compare --config CONFIG          a sweep of variants compared per dataset (comparison.csv)
@@ -47,6 +48,8 @@ _STAGES = (("check", "check datasets and that the model compiles fully with numb
            ("collect", "combine the fits into posteriors.nc, summary.csv, datasets.csv, failures.csv; "
                        "exit 1 if any failed"),
            ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
+           ("predict", "predict the new inputs of config key predict from the fits: pending (or the named) "
+                       "datasets, then predictions.csv; exit 1 if any prediction failed"),
            ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"),
            ("compare", "a sweep of variants, each collected: compare them per dataset by PSIS-LOO (comparison.csv)"),
            ("sensitivity", "outputs.sensitivity, once collected: power-scaling sensitivity of every fit "
@@ -81,9 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                                 "at most)")
         if name in ("collect", "run"):
             p.add_argument("--workers", type=int, default=1, help="processes that summarise new fits at once")
-        if name == "fit":
+        if name in ("fit", "predict"):
             p.add_argument("datasets", nargs="*", default=[],
-                           help="dataset ids to fit (default: every pending dataset)")
+                           help=f"dataset ids to {name} (default: every pending dataset)")
     debug = command("debug", "run one dataset as a fit job does (load, build, structure checks, compile or "
                              "cache load) and sample one short chain; when the model's code raises, open pdb at "
                              "the model's failing line")
@@ -194,6 +197,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(f"sensitivity: wrote {', '.join(map(str, write_sensitivity(config)))}")
         return 0
+    if args.command == "predict":
+        from batchfit.sweep.predict_job import run_predict
+
+        failed, line = run_predict(config, args.datasets or None)
+        print(line)
+        return 1 if failed else 0
     if args.command == "check":
         from batchfit.sweep.check import check_model
 

@@ -122,6 +122,7 @@ def record_plan():
     if not in_job():
         for variant, variant_config in CONFIGS.items():
             write_plan(variant_config, sweep(variant))
+        record_predict_plan()  # workflow/rules/predict.smk
 
 
 onstart:

@@ -96,13 +96,15 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
         source = Path(datasets[dataset_id])
         files[dataset_id] = f"{_DATA}/{dataset_id}{''.join(source.suffixes)}"
         sources[dataset_id] = str(source)  # what the fit and its failure record name
-        _link_or_copy(source, directory / files[dataset_id])
+        link_or_copy(source, directory / files[dataset_id])
     shutil.copyfile(registry, directory / _REGISTRY)
     manifest = {"members": list(members), "files": files, "sources": sources, "sweep": list(datasets)}
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link ``source`` to ``target`` (replacing it), or copy it where the filesystem cannot link."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
     try:
         os.link(source, target)

@@ -39,8 +39,8 @@ def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]
             elif job.failure(dataset_id).exists():
                 layout.fit(dataset_id).unlink(missing_ok=True)
                 layout.sidecar(dataset_id).unlink(missing_ok=True)
-                _copy(job.failure(dataset_id), layout.failure(dataset_id))
-        _copy(manifests[0], layout.batch_manifest(manifests[0].stem))
+                copy_file(job.failure(dataset_id), layout.failure(dataset_id))
+        copy_file(manifests[0], layout.batch_manifest(manifests[0].stem))
     if fits:
         log.info("adopted %d fit(s) from the fit jobs' own output directories", fits)
     return fits
@@ -53,11 +53,12 @@ def _adopt_fit(layout: ResultsLayout, job: ResultsLayout, dataset_id: str) -> No
     except (OSError, ValueError, KeyError) as exc:
         raise BatchfitError(f"the fit of '{dataset_id}' in {job.root} has no readable sidecar ({exc})") from exc
     layout.sidecar(dataset_id).unlink(missing_ok=True)
-    _copy(job.fit(dataset_id), layout.fit(dataset_id))
+    copy_file(job.fit(dataset_id), layout.fit(dataset_id))
     record_digest(layout, dataset_id, digest)
     layout.failure(dataset_id).unlink(missing_ok=True)
 
 
-def _copy(source: Path, target: Path) -> None:
+def copy_file(source: Path, target: Path) -> None:
+    """Copy ``source`` onto ``target`` atomically (a reader never sees half of it)."""
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
