@@ -1,4 +1,4 @@
-"""Snakemake rule `prediction_plots`: the predicted curves over the observed data, under results_dir/plots/predictions/."""
+"""Snakemake rule `prediction_plots`: the predicted curves over the observed data (results_dir/plots/predictions/)."""
 from batchfit.common.quick_exit import quick_exit
 from batchfit.sweep.predict_job import run_prediction_plots
 from batchfit.sweep.snakemake_job import log_to, snakemake_config

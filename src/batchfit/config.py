@@ -145,11 +145,11 @@ class ReportSettings:
 class PredictSettings:
     """Predictions on new inputs from every fit (`batchfit.predict`; config key `predict`, docs/predictions.md).
 
-    The new inputs come from exactly one of `data` (files matched to datasets by id), `grid` (the same
-    rows for every dataset, by column: ``{start, stop, num}`` or a list of values) or `horizon` (steps
-    the model file's ``extend(data, horizon)`` adds). `var_names`/`filter_vars` select the predicted
-    variables (None: every observed variable and deterministic). All but `x` (the report's x axis)
-    are part of each prediction's provenance digest, none of any fit's.
+    The new inputs come from one of `data` (files matched to datasets by id), `grid` (the same rows for
+    every dataset, by column: ``{start, stop, num}`` or a list of values) or `horizon` (steps the model
+    file's ``extend(data, horizon)`` adds); none: no predictions. `var_names`/`filter_vars` select the
+    predicted variables (None: every observed variable and deterministic). All but `x` (the report's x
+    axis) are part of each prediction's provenance digest, none of any fit's.
     """
 
     data: tuple[str, ...] | None = None
@@ -159,6 +159,11 @@ class PredictSettings:
     filter_vars: str | None = None
     seed: int = 2026
     x: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the sweep predicts: one of `data`, `grid` or `horizon` is given."""
+        return self.data is not None or self.grid is not None or self.horizon is not None
 
     @property
     def source(self) -> str:
@@ -227,7 +232,7 @@ class Config:
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
-    predict: PredictSettings | None = None  # None: no predictions
+    predict: PredictSettings = field(default_factory=PredictSettings)  # not `enabled`: no predictions
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # build_model's keyword parameters
     # A sweep of variants (`batchfit.variants`): the raw overrides by id and the grid, as the file has them.
     variants: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -357,8 +362,7 @@ def _build(d: dict[str, Any], source: str) -> Config:
         d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})
     _check_sampler(config.sampler, source)
-    if config.predict is not None:
-        _check_predict(config.predict, source)
+    _check_predict(config.predict, source)
     if config.outputs.sensitivity and not config.outputs.log_likelihood:
         raise ConfigError("power-scaling sensitivity scales the likelihood too, so it needs each fit's "
                           "log-likelihood: set outputs.log_likelihood: true", key="outputs.sensitivity", source=source)
@@ -366,12 +370,11 @@ def _build(d: dict[str, Any], source: str) -> Config:
 
 
 def _check_predict(predict: PredictSettings, source: str) -> None:
-    """Exactly one source of new inputs; a grid's range with at least one value."""
+    """At most one source of new inputs (none: no predictions)."""
     given = [name for name in ("data", "grid", "horizon") if getattr(predict, name) is not None]
-    if len(given) != 1:
-        raise ConfigError("give the new inputs by exactly one of data (files per dataset), grid (the same rows for "
-                          f"every dataset) or horizon (steps the model file's extend adds); got "
-                          f"{' and '.join(given) if given else 'none'}", key="predict", source=source)
+    if len(given) > 1:
+        raise ConfigError(f"give the new inputs by one of data (files per dataset), grid (the same rows for every "
+                          f"dataset) or horizon (steps extend adds), not {' and '.join(given)}", key="predict", source=source)
 
 
 # nutpie settings of its low-rank adaptation alone: nutpie refuses them with another adaptation.

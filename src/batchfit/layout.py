@@ -22,7 +22,8 @@ PREDICTION_FAILURES_CSV = "prediction_failures.csv"
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
                             "data_sha256.json", "summaries", "orphaned", "plots", "report", "sbc", "status.txt",
-                            "predictions", "predict_plan.json", PREDICTIONS_CSV, PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
+                            "predictions", "predict_plan.json", PREDICTIONS_CSV, PREDICTION_FAILURES_CSV,
+                            SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)

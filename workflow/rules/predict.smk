@@ -1,46 +1,5 @@
 # Predictions on new inputs from every fit (config key predict; batchfit.predict, batchfit's docs/predictions.md).
 # `snakemake predict` runs them alone; with predict in the config the default target includes them.
-from batchfit.sweep.predict_plan import sweep_predict_plan, write_predict_plan
-from batchfit.predict.new_data import new_data_files
-
-# The variants that predict (the sweep's own config without variants).
-PREDICTING = [variant for variant, c in CONFIGS.items() if c.predict is not None]
-
-
-@functools.cache
-def predict_sweep(variant=None):
-    """The prediction plan (a variant's); a job uses the one its sweep's main process recorded (`record_predict_plan`)."""
-    return sweep_predict_plan(CONFIGS[variant], job=in_job(), cores=sweep_cores())
-
-
-def record_predict_plan():
-    """Record the prediction plans for the predict jobs (the main process, when the run starts: `record_plan`)."""
-    if not in_job():
-        for variant in PREDICTING:
-            write_predict_plan(CONFIGS[variant], predict_sweep(variant))
-
-
-def predict_members(wildcards):
-    """The datasets of one predict batch, as planned; an unknown batch is an error naming the plan."""
-    try:
-        return list(predict_sweep(wildcards.get("variant")).batches[wildcards.batch])
-    except KeyError:
-        raise WorkflowError(f"batch {wildcards.batch} is not in the sweep's prediction plan ({bf(wildcards).layout.predict_plan})")
-
-
-def predict_new_files(wildcards):
-    """The new-data files of one predict batch (predict.data): a changed one changes the batch's name."""
-    files = new_data_files(bf(wildcards))
-    return [here(files[d]) for d in predict_members(wildcards) if d in files]
-
-
-def predict_job_outputs(wildcards):
-    """Every pending predict job's declared output: its manifest, or without a shared filesystem its own directory."""
-    layout = bf(wildcards).layout
-    output = layout.predict_manifest if SHARED_FS else layout.predict_outputs
-    return [str(output(b)) for b in predict_sweep(wildcards.get("variant")).batches]
-
-
 rule predict_batch:
     """Predict one batch of datasets in one process: one forward function per structure (a cache hit), then only
     swapping data. After collect, so that every fit it reads is in results_dir (adopted, without a shared filesystem).
@@ -130,13 +89,6 @@ rule prediction_plots:
         settings=lambda wildcards: repr((bf(wildcards).report, bf(wildcards).predict)),  # redraw when they change
     script:
         "../../scripts/prediction_plots.py"
-
-
-def predict_paths(path):
-    """``path`` (a `LAYOUT` path) of every variant that predicts."""
-    if VARIANTS:
-        return [here(p) for p in expand(str(path), variant=PREDICTING)]
-    return [here(path)] if PREDICTING else []
 
 
 PREDICT_TARGETS = [

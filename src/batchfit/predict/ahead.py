@@ -27,7 +27,7 @@ def compile_forward_ahead(config: Config, ref: Reference, cache: CacheDir, tree:
     """The key of the forward function predicting the reference dataset from its fit ``tree`` (compiled into
     the cache if no process did before), or None when there is none to compile here (no ``predict``, no new
     inputs for the reference dataset, or a model only PyMC's own route predicts)."""
-    if config.predict is None:
+    if not config.predict.enabled:
         return None
     data = ref.dataset
     files = new_data_files(config)

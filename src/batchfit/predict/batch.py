@@ -23,7 +23,7 @@ from batchfit.fitting.fitter import reference_model
 from batchfit.fitting.outcome import Outcome
 from batchfit.model.model_file import load_model_file
 from batchfit.predict.fit_draws import read_fit_draws
-from batchfit.predict.inputs import Expected, PredictInputs
+from batchfit.predict.inputs import OWN_FILES, Expected, PredictInputs
 from batchfit.predict.new_data import new_inputs
 from batchfit.predict.predictor import Predictor
 from batchfit.predict.records import record_failed_prediction, write_predict_manifest, write_prediction
@@ -32,7 +32,7 @@ log = logging.getLogger("batchfit")
 
 
 def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id: str,
-                  inputs: PredictInputs = PredictInputs()) -> list[Outcome]:
+                  inputs: PredictInputs = OWN_FILES) -> list[Outcome]:
     """Predict the datasets of ``expected`` (id -> what the plan expects of it); write predictions, failures
     and the batch's manifest. With ``on_error: stop`` the first failure is raised after the manifest."""
     log.info("%s holds %d dataset(s): %s", batch_id, len(expected), " ".join(expected))
@@ -48,8 +48,8 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
             file = source_of(new_files, dataset_id) or source_of(paths, dataset_id)
             try:
                 if dataset_id not in paths:
-                    raise DatasetError(f"has new inputs but no dataset of the sweep has its id ({', '.join(config.datasets)})",
-                                       dataset=dataset_id, path=file)
+                    raise DatasetError(f"has new inputs but no dataset of the sweep has its id "
+                                       f"({', '.join(config.datasets)})", dataset=dataset_id, path=file)
                 if not inputs.fit(config, dataset_id).exists():
                     raise DatasetError("has new inputs but no fit (its fit failed, or it was not fitted yet): it is "
                                        "predicted once it is fitted", dataset=dataset_id, path=file)
@@ -67,8 +67,8 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
             except Exception as exc:  # noqa: BLE001 - isolate the dataset; its record says what to fix
                 outcomes.append(_failed(config, dataset_id, stage, exc, file, started, paths, new_files))
             else:
-                outcomes.append(Outcome(dataset_id, "ok", time.perf_counter() - started,
-                                        fallback="" if prediction.path == "cached" else "pm.sample_posterior_predictive"))
+                fallback = "" if prediction.path == "cached" else "pm.sample_posterior_predictive"
+                outcomes.append(Outcome(dataset_id, "ok", time.perf_counter() - started, fallback=fallback))
             last = outcomes[-1]
             log.info("%s: %s in %.3f s%s", dataset_id, last.status, last.seconds,
                      f" ({last.stage}: {last.message})" if last.message else "")

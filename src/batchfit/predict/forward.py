@@ -151,7 +151,8 @@ class ForwardFunction:
             if slot.kind == "param":
                 value = draws[slot.name]
             else:
-                value = (model.dim_lengths[slot.name] if slot.kind == "dim" else model[slot.name]).get_value(borrow=True)
+                shared = model.dim_lengths[slot.name] if slot.kind == "dim" else model[slot.name]
+                value = shared.get_value(borrow=True)
             values.append(np.require(value, dtype=slot.dtype, requirements=["C", "W"]))
         results = self.loop(n_draws, *values)
         return {out.name: value for out, value in zip(self.spec.outputs, results, strict=True)}

@@ -75,10 +75,10 @@ def plan_forward(model: Any, trace_names: Sequence[str], trace_constant_data: Ma
     its ``constant_data`` values and its coordinates (of ``constant_data`` and the posterior), by name,
     as PyMC reads them from a DataTree. PyMC's warnings (``ImplicitFreezeWarning``) are kept in the plan.
     """
+    from pymc.util import get_default_varnames
     from pytensor.graph.fg import FunctionGraph
     from pytensor.graph.traversal import ancestors
     from pytensor.tensor.random.type import RandomType
-    from pymc.util import get_default_varnames
 
     pymc = forward_volatility()
     constant_data = pymc.build_constant_data(dict(trace_constant_data), dict(trace_coords), model)

@@ -77,6 +77,10 @@ class PredictInputs:
             raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
 
 
+# A job that reads the sweep's own files, and has no compiled bundle.
+OWN_FILES = PredictInputs()
+
+
 def stage_predict_inputs(config: Config, datasets: Mapping[str, Path], expected: Mapping[str, Expected],
                          reference: str | None, directory: Path) -> None:
     """Write ``directory``: what the predict job of the datasets ``expected`` reads (module docstring)."""

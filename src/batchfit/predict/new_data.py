@@ -41,7 +41,7 @@ def new_data_files(config: Config) -> DatasetFiles:
     """With ``predict.data``: each new-data file by the id of the dataset it is for (its name without the
     suffix, made a safe id as a dataset file's is); otherwise none."""
     predict = config.predict
-    if predict is None or predict.data is None:
+    if predict.data is None:
         return DatasetFiles()
     try:  # found and named as the sweep's own datasets are
         return discover_datasets(dataclasses.replace(config, datasets=predict.data))
@@ -57,7 +57,7 @@ def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleT
     A problem is a `DatasetError` naming the dataset, the file and the column.
     """
     predict = config.predict
-    if predict is None:
+    if not predict.enabled:
         raise ConfigError("the config has no predict key", key="predict", source=config.source)
     if predict.source == "data":
         if file is None:

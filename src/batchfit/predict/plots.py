@@ -61,12 +61,12 @@ def x_column(config: Config, rows: pd.DataFrame) -> str | None:
     inputs = [c for c in rows.columns if c not in KEY_COLUMNS and c not in stats]
     numeric = [c for c in inputs if pd.api.types.is_numeric_dtype(rows[c]) and rows[c].nunique() > 1]
     predict = config.predict
-    if predict is not None and predict.x:
+    if predict.x:
         if predict.x not in numeric:
             raise ConfigError(f"predict.x names column {predict.x!r}, which is not among the new inputs' numeric "
                               f"columns ({', '.join(numeric) or 'none'})", key="predict.x", source=config.source)
         return predict.x
-    first = [c for c in (predict.grid or {}) if c in numeric] if predict is not None else []
+    first = [c for c in (predict.grid or {}) if c in numeric]
     return (first or numeric or [None])[0]
 
 

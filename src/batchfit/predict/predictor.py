@@ -58,7 +58,7 @@ class Predictor:
     """Predicts datasets of one model file with one job's forward functions (one per structure and plan)."""
 
     def __init__(self, config: Config, ref: Reference, cache: CacheDir, module: ModuleType):
-        if config.predict is None:
+        if not config.predict.enabled:
             raise ConfigError("the config has no predict key", key="predict", source=config.source)
         self.config, self.ref, self.cache, self.module = config, ref, cache, module
         self.settings = config.predict
@@ -166,8 +166,8 @@ class Predictor:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PyMC's own warnings were logged from the plan
-            return pm.sample_posterior_predictive(fit.tree(), model=plan.model, var_names=[v.name for v in plan.outputs],
-                                                  predictions=True, random_seed=seed, progressbar=False)
+            return pm.sample_posterior_predictive(fit.tree(), model=plan.model, predictions=True, random_seed=seed,
+                                                  var_names=[v.name for v in plan.outputs], progressbar=False)
 
     def _log_warnings(self, plan: ForwardPlan) -> None:
         """PyMC's warnings for this prediction, and its note on Potentials, each once per job."""
@@ -218,14 +218,16 @@ def check_resizable(plan: ForwardPlan, fit: FitDraws, new: Dataset) -> None:
     """A variable taken from the fit's draws whose dimension the new inputs resize cannot be predicted
     (a latent value per row, say): say which, instead of the forward function's shape error."""
     model = plan.model
+    resized = {name.removeprefix("dim:") for name in plan.changed if name.startswith("dim:")}
     for var in plan.frozen:
         for axis, dim in enumerate(model.named_vars_to_dims.get(var.name) or ()):
-            length = model.dim_lengths[dim].eval() if dim in model.dim_lengths else None
-            drawn = fit.posterior[var.name].shape[2 + axis] if var.name in fit.posterior else None
-            if length is not None and drawn is not None and int(length) != drawn:
+            if dim not in resized or var.name not in fit.posterior:
+                continue
+            length, drawn = int(model.dim_lengths[dim].get_value()), fit.posterior[var.name].shape[2 + axis]
+            if length != drawn:
                 raise DatasetError(
                     f"variable {var.name!r} is taken from the fit's draws with dimension {dim!r} of length {drawn}, "
-                    f"but the new inputs give it length {int(length)}: a variable sized by the data cannot be "
+                    f"but the new inputs give it length {length}: a variable sized by the data cannot be "
                     "predicted on other rows (the model cannot be resized by its pm.Data)", dataset=new.id,
                     path=new.path)
 

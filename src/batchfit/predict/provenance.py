@@ -34,7 +34,7 @@ def predict_code_sha256() -> str:
 
 def predict_parts(config: Config) -> dict[str, Any]:
     """The parts every dataset's prediction shares."""
-    settings = dataclasses.asdict(config.predict) if config.predict is not None else {}
+    settings = dataclasses.asdict(config.predict)
     settings.pop("x", None)  # the report's axis, not the predictions'
     return {"predict": json.loads(json.dumps(settings, default=list)), "predict_code": predict_code_sha256(),
             "versions": versions()}

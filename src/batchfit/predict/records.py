@@ -1,9 +1,9 @@
 """What a predict job writes per dataset: the predictions, their rows and sidecar, or the failure; the job's manifest.
 
-A dataset's predictions are written atomically (``predictions/{id}.nc``, the file
-``DataTree.to_netcdf(engine="netcdf4")`` writes, by `batchfit.fitting.fit_file.write_fit`), then its rows
-of predictions.csv, then the sidecar with its provenance digest, which comes last: a job killed in
-between leaves a prediction without a sidecar, which the plan then reads itself. A failure removes the
+A dataset's rows of predictions.csv are written first, then its predictions atomically
+(``predictions/{id}.nc``, the file ``DataTree.to_netcdf(engine="netcdf4")`` writes, by
+`batchfit.fitting.fit_file.write_fit`), then the sidecar with its provenance digest: a job killed in
+between leaves no prediction, or one without a sidecar, which the plan then reads itself. A failure removes the
 dataset's older predictions (stale now) and records why in ``predictions/failed/{id}.json``, in the
 format of a fit's failure record (`batchfit.fitting.outcome`).
 """
@@ -22,19 +22,24 @@ from batchfit.fitting.outcome import Outcome
 from batchfit.layout import ResultsLayout
 from batchfit.predict.predictor import Prediction
 from batchfit.predict.provenance import record_prediction
-from batchfit.predict.table import input_columns, prediction_rows, write_rows
+from batchfit.predict.table import input_columns, prediction_rows
 
 
 def write_prediction(config: Config, dataset_id: str, prediction: Prediction, digest: str) -> None:
-    """Write one dataset's predictions, rows and sidecar (in that order), and drop its failure record."""
+    """Write one dataset's rows, predictions and sidecar (in that order), and drop its failure record.
+
+    The old predictions go first: their rows are then rewritten in place (a torn rows file is never beside
+    a complete prediction), and the predictions come atomically, the sidecar last."""
     layout = config.layout
     layout.prediction_sidecar(dataset_id).unlink(missing_ok=True)
-    prediction.tree.attrs["provenance"] = digest
-    write_fit(prediction.tree, layout.prediction(dataset_id))
+    layout.prediction(dataset_id).unlink(missing_ok=True)
     inputs = prediction.inputs
     rows = prediction_rows(dataset_id, prediction.tree["predictions"].to_dataset(),
                            input_columns(inputs, prediction.filled), inputs.n_rows, config.summary)
-    write_rows(rows, layout.prediction_rows(dataset_id))
+    layout.predictions.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(layout.prediction_rows(dataset_id), index=False)
+    prediction.tree.attrs["provenance"] = digest
+    write_fit(prediction.tree, layout.prediction(dataset_id))
     record_prediction(layout, dataset_id, digest)
     layout.prediction_failure(dataset_id).unlink(missing_ok=True)
 

@@ -47,7 +47,8 @@ def input_columns(inputs: Dataset, filled: Sequence[str]) -> dict[str, np.ndarra
             continue
         labels = inputs.coords.get(name)
         if labels is not None and array.dtype.kind in "iu":
-            array = np.asarray([labels[c] if c >= 0 else "" for c in np.ravel(array)], dtype=object).reshape(array.shape)
+            text = [labels[c] if c >= 0 else "" for c in np.ravel(array)]
+            array = np.asarray(text, dtype=object).reshape(array.shape)
         shown[name] = np.broadcast_to(array, (n_rows,))
     return shown
 
@@ -59,7 +60,8 @@ def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndar
     parts = []
     for name, var in predictions.data_vars.items():
         shape = var.shape[2:]
-        flat = np.asarray(var.values, dtype=np.float64).reshape(-1, int(np.prod(shape, dtype=int))).T
+        # an element's draws contiguous: its statistics read them in one pass
+        flat = np.ascontiguousarray(np.asarray(var.values, dtype=np.float64).reshape(-1, int(np.prod(shape))).T)
         with np.errstate(divide="ignore", invalid="ignore"):
             bounds = interval(flat, prob) if flat.shape[1] else np.full((flat.shape[0], 2), np.nan)
             stats = [flat.mean(axis=1), flat.std(axis=1, ddof=1), bounds[:, 0], bounds[:, 1]]

@@ -163,8 +163,9 @@ def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
     Named by the content of the model file and of the user modules it imports, build_model's parameters,
-    the CPU target, the library versions and the ``predict`` settings, so a sweep whose results were deleted (or a second sweep of the same
-    model) finds the cache already filled and Snakemake skips the compile job; a changed model
+    the CPU target, the library versions and the ``predict`` settings (the bundle holds the predictions'
+    forward function: `batchfit.predict.ahead`), so a sweep whose results were deleted (or a second sweep
+    of the same model) finds the cache already filled and Snakemake skips the compile job; a changed model
     or helper module, or an upgrade, compiles again.
     """
     from importlib.metadata import version
@@ -174,8 +175,7 @@ def compile_stamp_path(config: Config) -> Path:
              json.dumps(config.params, sort_keys=True).encode(),  # a constant parameter is another structure
              config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES),
-             # with predictions, the bundle holds their forward function too (`batchfit.predict.ahead`)
-             *([json.dumps(predict_parts(config)["predict"], sort_keys=True).encode()] if config.predict else [])]
+             *([json.dumps(predict_parts(config)["predict"]).encode()] if config.predict.enabled else [])]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
 

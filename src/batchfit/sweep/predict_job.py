@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batchfit.config import Config, PredictSettings
+from batchfit.config import Config
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.fitting.outcome import Outcome
 from batchfit.predict.batch import predict_batch
@@ -97,11 +97,11 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
     from batchfit.predict.new_data import given_inputs, new_data_files, new_inputs
     from batchfit.predict.predictor import Predictor
 
-    if config.predict is None:  # new inputs given here: the default predictions
+    if not config.predict.enabled:  # new inputs given here: the default predictions
         if new_data is None:
             raise ConfigError("without a predict key in the config, give the new data", key="predict",
                               source=config.source)
-        config = dataclasses.replace(config, predict=PredictSettings(data=()))
+        config = dataclasses.replace(config, predict=dataclasses.replace(config.predict, data=()))
     paths = discover_datasets(config)
     if dataset_id not in paths:
         raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({config.source})",

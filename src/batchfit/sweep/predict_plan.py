@@ -37,7 +37,7 @@ class PredictPlan:
 def predict_plan(config: Config, cores: int | None = 1, *, record: bool = True) -> PredictPlan:
     """The prediction plan of ``config`` (no predictions without its ``predict`` key). ``cores``: as for
     `batchfit.sweep.plan.batch_size`. Cheap enough for every parse: no model is built."""
-    if config.predict is None:
+    if not config.predict.enabled:
         return PredictPlan([], {})
     datasets = discover_datasets(config)
     fits = expected_digests(config, datasets, record=record)
