@@ -4,7 +4,7 @@ from pathlib import Path
 from batchfit.common.quick_exit import quick_exit
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
 
-# The config first: it sets the CPU target numba compiles for, before batchfit.predict loads numba.
+# The config first: it sets the CPU target numba compiles for, before batchfit.predictions loads numba.
 config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 from batchfit.sweep.predict_job import run_predict_job  # noqa: E402
 

@@ -143,7 +143,7 @@ class ReportSettings:
 
 @dataclass(frozen=True)
 class PredictSettings:
-    """Predictions on new inputs from every fit (`batchfit.predict`; config key `predict`, docs/predictions.md).
+    """Predictions on new inputs from every fit (`batchfit.predictions`; config key `predict`, docs/predictions.md).
 
     The new inputs come from one of `data` (files matched to datasets by id), `grid` (the same rows for
     every dataset, by column: ``{start, stop, num}`` or a list of values) or `horizon` (steps the model
@@ -374,7 +374,7 @@ def _check_predict(predict: PredictSettings, source: str) -> None:
     given = [name for name in ("data", "grid", "horizon") if getattr(predict, name) is not None]
     if len(given) > 1:
         raise ConfigError(f"give the new inputs by one of data (files per dataset), grid (the same rows for every "
-                          f"dataset) or horizon (steps extend adds), not {' and '.join(given)}", key="predict", source=source)
+                          f"dataset) or horizon, not {' and '.join(given)}", key="predict", source=source)
 
 
 # nutpie settings of its low-rank adaptation alone: nutpie refuses them with another adaptation.

@@ -165,7 +165,7 @@ class ResultsLayout:
         """The HTML pages of Snakemake's report (`batchfit.outputs.report`)."""
         return self.root / "report"
 
-    # --- predictions on new inputs (`batchfit.predict`): per dataset, per predict job, and the sweep's
+    # --- predictions on new inputs (`batchfit.predictions`): per dataset, per predict job, and the sweep's
     @property
     def predictions(self) -> Path:
         return self.root / "predictions"
@@ -199,7 +199,7 @@ class ResultsLayout:
         return self.logs / "predict" / f"{batch_id}.log"
 
     def staged_predict_inputs(self, batch_id: str) -> Path:
-        """Without a shared filesystem: what a predict job reads (`batchfit.predict.staging`)."""
+        """Without a shared filesystem: what a predict job reads (`batchfit.predictions.staging`)."""
         return self.predictions / "staged" / batch_id
 
     def predict_outputs(self, batch_id: str) -> Path:

@@ -15,7 +15,7 @@ from batchfit.model.imports import user_import_files
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 from batchfit.sweep.predict_plan import sweep_predict_plan, write_predict_plan
-from batchfit.predict.new_data import new_data_files
+from batchfit.predictions.new_data import new_data_files
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
 # batchfit's checks first: their messages name the key (with a did-you-mean) and the config file,

@@ -1,4 +1,4 @@
-# Predictions on new inputs from every fit (config key predict; batchfit.predict, batchfit's docs/predictions.md).
+# Predictions on new inputs from every fit (config key predict; batchfit.predictions, batchfit's docs/predictions.md).
 # `snakemake predict` runs them alone; with predict in the config the default target includes them.
 rule predict_batch:
     """Predict one batch of datasets in one process: one forward function per structure (a cache hit), then only

@@ -75,7 +75,7 @@ def forward_volatility() -> Any:
 
     ``pymc/sampling/forward.py`` (pymc 6.4): ``_build_constant_data``, ``_compute_volatile_vars``
     and ``_maybe_warn_implicit_freeze``, private helpers that ``sample_posterior_predictive`` calls
-    inline; batchfit's predictions (`batchfit.predict.forward_plan`) call the same ones, so that
+    inline; batchfit's predictions (`batchfit.predictions.forward_plan`) call the same ones, so that
     what they resample and what they copy is PyMC's decision for the same model and data, not a
     re-statement of it.
     """

@@ -19,7 +19,7 @@ from batchfit.errors import BatchfitError
 from batchfit.fitting.provenance import expected_digests, recorded_digest, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
-from batchfit.predict.provenance import predict_parts
+from batchfit.predictions.provenance import predict_parts
 
 log = logging.getLogger("batchfit")
 
@@ -164,7 +164,7 @@ def compile_stamp_path(config: Config) -> Path:
 
     Named by the content of the model file and of the user modules it imports, build_model's parameters,
     the CPU target, the library versions and the ``predict`` settings (the bundle holds the predictions'
-    forward function: `batchfit.predict.ahead`), so a sweep whose results were deleted (or a second sweep
+    forward function: `batchfit.predictions.ahead`), so a sweep whose results were deleted (or a second sweep
     of the same model) finds the cache already filled and Snakemake skips the compile job; a changed model
     or helper module, or an upgrade, compiles again.
     """

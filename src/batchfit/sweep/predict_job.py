@@ -18,10 +18,10 @@ from typing import Any
 from batchfit.config import Config
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.fitting.outcome import Outcome
-from batchfit.predict.batch import predict_batch
-from batchfit.predict.collect import collect_predictions
-from batchfit.predict.inputs import PredictInputs, stage_predict_inputs
-from batchfit.predict.plots import write_prediction_plots
+from batchfit.predictions.batch import predict_batch
+from batchfit.predictions.collect import collect_predictions
+from batchfit.predictions.inputs import PredictInputs, stage_predict_inputs
+from batchfit.predictions.plots import write_prediction_plots
 from batchfit.sweep.plan import sweep_plan
 from batchfit.sweep.predict_plan import (
     predict_batch_id,
@@ -63,7 +63,7 @@ def run_collect_predictions(config: Config, batch_outputs: Sequence[str | Path] 
 
 
 def run_prediction_plots(config: Config) -> list[Path]:
-    """The report's predicted curves (`batchfit.predict.plots`)."""
+    """The report's predicted curves (`batchfit.predictions.plots`)."""
     return write_prediction_plots(config, predict_plan(config, record=False).predicted)
 
 
@@ -93,9 +93,9 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
     from batchfit.data.discovery import discover_datasets
     from batchfit.fitting.fitter import reference_model
     from batchfit.model.model_file import load_model_file
-    from batchfit.predict.fit_draws import read_fit_draws
-    from batchfit.predict.new_data import given_inputs, new_data_files, new_inputs
-    from batchfit.predict.predictor import Predictor
+    from batchfit.predictions.fit_draws import read_fit_draws
+    from batchfit.predictions.new_data import given_inputs, new_data_files, new_inputs
+    from batchfit.predictions.predictor import Predictor
 
     if not config.predict.enabled:  # new inputs given here: the default predictions
         if new_data is None:

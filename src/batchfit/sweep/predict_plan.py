@@ -2,7 +2,7 @@
 
 Every dataset with new inputs is predicted (with ``predict.data``, those with a new-data file; otherwise
 all), cut into chunks of the sweep's batch size in id order; a chunk's pending datasets (no prediction,
-or one of another provenance: `batchfit.predict.provenance`) are one predict job. A batch is named by
+or one of another provenance: `batchfit.predictions.provenance`) are one predict job. A batch is named by
 its members and their expected digests, so a refit or changed new inputs give a new job for exactly
 those datasets. Like the fit plan, the main process records it for the jobs (`write_predict_plan`).
 """
@@ -19,9 +19,9 @@ from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.provenance import expected_digests
-from batchfit.predict.inputs import Expected
-from batchfit.predict.new_data import new_data_files
-from batchfit.predict.provenance import expected_prediction_digests, recorded_prediction
+from batchfit.predictions.inputs import Expected
+from batchfit.predictions.new_data import new_data_files
+from batchfit.predictions.provenance import expected_prediction_digests, recorded_prediction
 from batchfit.sweep.plan import batch_size
 
 

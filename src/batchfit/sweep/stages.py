@@ -28,7 +28,7 @@ from batchfit.outputs import summary_helpers
 from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
 from batchfit.outputs.orphans import move_orphans
-from batchfit.predict.ahead import compile_forward_ahead
+from batchfit.predictions.ahead import compile_forward_ahead
 from batchfit.sweep.plan import batch_id, plan
 from batchfit.sweep.sbc.ranks import SBCResult, rank_simulations
 from batchfit.sweep.sbc.simulate import simulate

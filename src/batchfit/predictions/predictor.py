@@ -3,7 +3,7 @@
 Per dataset: the fit's draws, ``constant_data`` and coordinates are read; the model is built on the
 new inputs (cast to the sweep's dtypes as a fit job casts a dataset); `plan_forward` takes PyMC's
 decision of what to draw anew; the forward function of that plan is loaded from the shared cache
-(compiled once for the structure, `batchfit.predict.forward`) and draws every output for all of the
+(compiled once for the structure, `batchfit.predictions.forward`) and draws every output for all of the
 fit's draws at once. The result is what ``pm.sample_posterior_predictive(fit, model, var_names=...,
 predictions=True, random_seed=seed)`` returns: groups ``predictions`` and ``predictions_constant_data``.
 
@@ -34,9 +34,9 @@ from batchfit.errors import CachedPathUnsupported, ConfigError, DatasetError, on
 from batchfit.fitting.fitter import Reference, dataset_seed, model_input
 from batchfit.model.model_file import build_model, data_containers
 from batchfit.model.variables import select_vars
-from batchfit.predict.fit_draws import FitDraws
-from batchfit.predict.forward import ForwardFunction, forward_function, forward_key
-from batchfit.predict.forward_plan import ForwardPlan, default_var_names, plan_forward, predictable_names
+from batchfit.predictions.fit_draws import FitDraws
+from batchfit.predictions.forward import ForwardFunction, forward_function, forward_key
+from batchfit.predictions.forward_plan import ForwardPlan, default_var_names, plan_forward, predictable_names
 
 log = logging.getLogger("batchfit")
 
@@ -87,6 +87,11 @@ class Predictor:
 
         filled = tuple(name for name in self.observed if name not in new.arrays)
         inputs = with_placeholders(new, filled, self.ref)
+        missing = [name for name in self.ref.requirements if name not in inputs.arrays]
+        if missing:
+            raise DatasetError(f"the new inputs have no column {missing[0]!r}, which the model reads (columns: "
+                               f"{', '.join(map(repr, new.arrays))}); {_where_columns_come_from(self.settings.source)}",
+                               dataset=new.id, path=new.path, column=missing[0])
         try:
             with pytensor.config.change_flags(traceback__limit=0):
                 return build_model(self.module, model_input(inputs, self.ref), self.config.params), inputs, filled
@@ -248,7 +253,8 @@ def predictions_tree(plan: ForwardPlan, computed: Mapping[str, np.ndarray], fit:
     n_chain, n_draw = fit.n_chains, fit.n_draws
     labelled = {dim: list(labels) for dim, labels in model.coords.items() if labels is not None}
     variables = {}
-    for var in plan.outputs:
+    copied = set(plan.copied)  # after the computed ones, as PyMC fills its trace: each draw's computed values first
+    for var in [*(v for v in plan.outputs if v.name not in copied), *(v for v in plan.outputs if v.name in copied)]:
         value = computed[var.name] if var.name in computed else fit.posterior[var.name].values
         value = np.asarray(value).reshape(n_chain, n_draw, *np.shape(value)[2 if var.name not in computed else 1:])
         variables[var.name] = (("chain", "draw", *_dims(model, var.name, value.ndim - 2)), value)
@@ -265,7 +271,10 @@ def _dims(model: Any, name: str, ndim: int) -> tuple[str, ...]:
     return tuple(dims) if dims and len(dims) == ndim else tuple(f"{name}_dim_{i}" for i in range(ndim))
 
 
-def _used(labelled: Mapping[str, list], variables: Mapping[str, tuple]) -> dict[str, list]:
-    used = {dim for dims, _ in variables.values() for dim in dims}
-    return {dim: labels for dim, labels in labelled.items() if dim in used}
+def _used(labelled: Mapping[str, list], variables: Mapping[str, tuple]) -> dict[str, Any]:
+    """The coordinates of the dimensions ``variables`` use: their labels, or as ArviZ gives a dimension
+    without labels, its positions."""
+    sizes = {dim: size for dims, value in variables.values() for dim, size in zip(dims, np.shape(value), strict=True)}
+    return {dim: labelled[dim] if dim in labelled else np.arange(size) for dim, size in sizes.items()
+            if dim not in ("chain", "draw")}
 

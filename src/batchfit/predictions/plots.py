@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from batchfit.config import Config
 from batchfit.errors import ConfigError
 from batchfit.outputs.plots import plot_file_name, save_figure
-from batchfit.predict.table import KEY_COLUMNS, stat_columns
+from batchfit.predictions.table import KEY_COLUMNS, stat_columns
 
 log = logging.getLogger("batchfit")
 
@@ -73,7 +73,7 @@ def x_column(config: Config, rows: pd.DataFrame) -> str | None:
 def curve_figure(config: Config, dataset_id: str, rows: pd.DataFrame) -> Figure:
     """One dataset's figure: a panel per predicted variable along the rows (at most `MAX_PANELS`)."""
     x = x_column(config, rows)
-    per_row = rows[rows["row"].notna() & (rows["element"].fillna("") == "")]
+    per_row = rows[rows["row"].notna() & rows["element"].isna()]  # one value per row (an empty element)
     names = list(dict.fromkeys(per_row["variable"]))[:MAX_PANELS]
     fig = Figure(figsize=(6.5, 2.8 * max(1, len(names))), layout="constrained")
     axes = fig.subplots(max(1, len(names)), 1, squeeze=False)[:, 0]

@@ -16,7 +16,7 @@ decides per call, with ``predictions=True`` and the ``var_names`` asked for:
 so the plan is PyMC's for the same model and data. What it fixes of the compiled forward function
 (which outputs are computed, which trace variables are its inputs) is a deterministic function of the
 model's structure and of which roots changed: the plan's `key_parts` name them, and the compiled
-function is cached under them (`batchfit.predict.forward`).
+function is cached under them (`batchfit.predictions.forward`).
 """
 
 from __future__ import annotations

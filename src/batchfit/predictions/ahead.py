@@ -16,9 +16,9 @@ from batchfit.config import Config
 from batchfit.errors import BatchfitError, one_line
 from batchfit.fitting.fitter import Reference
 from batchfit.model.model_file import load_model_file
-from batchfit.predict.fit_draws import FitDraws
-from batchfit.predict.new_data import new_data_files, new_inputs
-from batchfit.predict.predictor import Predictor
+from batchfit.predictions.fit_draws import FitDraws
+from batchfit.predictions.new_data import new_data_files, new_inputs
+from batchfit.predictions.predictor import Predictor
 
 log = logging.getLogger("batchfit")
 
@@ -30,15 +30,15 @@ def compile_forward_ahead(config: Config, ref: Reference, cache: CacheDir, tree:
     if not config.predict.enabled:
         return None
     data = ref.dataset
-    files = new_data_files(config)
-    if config.predict.source == "data" and data.id not in files:
-        log.info("predict: the reference dataset %s has no new-data file; the first predict job compiles the "
-                 "forward function", data.id)
-        return None
-    module = load_model_file(config.model)
     fit = FitDraws(data.id, data.path, tree["posterior"].to_dataset(), tree["constant_data"].to_dataset(),
                    dict(tree.attrs))
     try:
+        files = new_data_files(config)
+        if config.predict.source == "data" and data.id not in files:
+            log.info("predict: the reference dataset %s has no new-data file; the first predict job compiles the "
+                     "forward function", data.id)
+            return None
+        module = load_model_file(config.model)
         predictor = Predictor(config, ref, cache, module)
         new = new_inputs(config, data, coding=ref.coding, module=module,
                          file=files[data.id] if data.id in files else None)

@@ -2,7 +2,7 @@
 
 ``pm.sample_posterior_predictive`` compiles PyMC's forward function (``compile_forward_sampling_function``)
 for each call and calls it once per draw from Python. batchfit compiles the same function once per
-structure and plan (`batchfit.predict.forward_plan`), and a generated numba loop calls the graph's own
+structure and plan (`batchfit.predictions.forward_plan`), and a generated numba loop calls the graph's own
 numba function for every draw: the loop takes the draws of each input variable stacked (chain-major,
 as PyMC walks them), the data containers and dimension lengths, and the random generators, and
 returns each computed output stacked the same way. Nothing dataset-specific is compiled in (lengths
@@ -36,7 +36,7 @@ from batchfit.compile.callbacks import Slot, missing_inner
 from batchfit.compile.graphs import slot_of
 from batchfit.compile.nopython import record_generic_fallbacks
 from batchfit.errors import CachedPathUnsupported
-from batchfit.predict.forward_plan import ForwardPlan
+from batchfit.predictions.forward_plan import ForwardPlan
 
 _NAME = "batchfit_forward"  # the loop's name: numba's cache files are named after it and the key
 

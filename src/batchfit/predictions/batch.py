@@ -22,11 +22,11 @@ from batchfit.errors import BatchfitError, DatasetError, is_expected, one_line, 
 from batchfit.fitting.fitter import reference_model
 from batchfit.fitting.outcome import Outcome
 from batchfit.model.model_file import load_model_file
-from batchfit.predict.fit_draws import read_fit_draws
-from batchfit.predict.inputs import OWN_FILES, Expected, PredictInputs
-from batchfit.predict.new_data import new_inputs
-from batchfit.predict.predictor import Predictor
-from batchfit.predict.records import record_failed_prediction, write_predict_manifest, write_prediction
+from batchfit.predictions.fit_draws import read_fit_draws
+from batchfit.predictions.inputs import OWN_FILES, Expected, PredictInputs
+from batchfit.predictions.new_data import new_inputs
+from batchfit.predictions.predictor import Predictor
+from batchfit.predictions.records import record_failed_prediction, write_predict_manifest, write_prediction
 
 log = logging.getLogger("batchfit")
 

@@ -12,7 +12,7 @@ values that are one number (the config's ``params``, 0-d arrays of every dataset
   row) is repeated over the new rows;
 * ``horizon``: what the model file's ``extend(data, horizon)`` returns for the dataset's data.
 
-The observed columns the model reads may be left out: `batchfit.predict.predictor` fills them in.
+The observed columns the model reads may be left out: `batchfit.predictions.predictor` fills them in.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleT
 
 
 def given_inputs(data: Dataset, given: Any, coding: Coding, params: Mapping[str, Any]) -> Dataset:
-    """New inputs given in a notebook (`batchfit.predict`): a file (read as the sweep reads datasets), a
+    """New inputs given in a notebook (`batchfit.predictions`): a file (read as the sweep reads datasets), a
     Dataset, or a mapping of column to values (a pandas DataFrame too), text columns as labels or codes."""
     if isinstance(given, str | Path):
         return with_labels_of(data, load_dataset(data.id, Path(given), coding, params))

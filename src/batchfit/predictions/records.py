@@ -20,9 +20,9 @@ from batchfit.config import Config
 from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.outcome import Outcome
 from batchfit.layout import ResultsLayout
-from batchfit.predict.predictor import Prediction
-from batchfit.predict.provenance import record_prediction
-from batchfit.predict.table import input_columns, prediction_rows
+from batchfit.predictions.predictor import Prediction
+from batchfit.predictions.provenance import record_prediction
+from batchfit.predictions.table import input_columns, prediction_rows
 
 
 def write_prediction(config: Config, dataset_id: str, prediction: Prediction, digest: str) -> None:

@@ -3,7 +3,7 @@
 A dataset's prediction is determined by its fit (the fit's own provenance digest, which covers the
 model file, the data, the settings and the code that fitted it), its new inputs (the new-data file's
 content; a grid's or a horizon's settings), the ``predict`` settings (all but ``x``, which only the
-report reads) and the code that predicts (``batchfit/predict``). A dataset's prediction is pending when
+report reads) and the code that predicts (``batchfit/predictions``). A dataset's prediction is pending when
 the digest it recorded (a sidecar ``predictions/{id}.json`` beside ``predictions/{id}.nc``, and the
 file's root attribute ``provenance``) differs from the expected one: a refit or changed new inputs
 re-predict that dataset only, and new inputs alone refit nothing (they are in no fit's digest).
@@ -24,7 +24,7 @@ from batchfit.fitting.provenance import DigestCache, Provenance, versions
 from batchfit.layout import ResultsLayout
 
 # The code a prediction comes from, besides what its fit's digest covers.
-PREDICT_CODE = ("predict",)
+PREDICT_CODE = ("predictions",)
 
 
 @functools.cache

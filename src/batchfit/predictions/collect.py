@@ -21,8 +21,8 @@ from batchfit.errors import BatchfitError
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import copy_file
-from batchfit.predict.provenance import record_prediction
-from batchfit.predict.table import collect_table, prediction_rows, rows_header, stat_columns, write_rows
+from batchfit.predictions.provenance import record_prediction
+from batchfit.predictions.table import collect_table, prediction_rows, rows_header, stat_columns, write_rows
 
 log = logging.getLogger("batchfit")
 

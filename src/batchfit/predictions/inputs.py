@@ -19,7 +19,7 @@ from batchfit.data.discovery import DatasetFiles
 from batchfit.data.labels import Coding
 from batchfit.errors import BatchfitError
 from batchfit.fitting.job_inputs import JobInputs, link_or_copy, stage_inputs
-from batchfit.predict.new_data import new_data_files
+from batchfit.predictions.new_data import new_data_files
 
 _MANIFEST = "predict.json"
 _FITS = "fits"
