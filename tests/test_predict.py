@@ -238,6 +238,7 @@ def test_bad_new_inputs_fail_their_dataset_naming_file_and_column_and_the_others
 
     from batchfit.config import load_config
     from batchfit.sweep.predict_job import run_predict
+    from batchfit.sweep.verdict import end_of_run, write_prediction_verdict
 
     new = tmp_path / "new"
     new.mkdir()
@@ -259,6 +260,11 @@ def test_bad_new_inputs_fail_their_dataset_naming_file_and_column_and_the_others
     assert "s9" in failures.loc["s9", "message"] and str(new / "s9.csv") in failures.loc["s9", "message"]
     assert "no dataset of the sweep has its id" in failures.loc["s9", "message"]
     assert config.layout.prediction("s2").exists() and not config.layout.prediction("s1").exists()
+    # the run ends with them: collect_predictions' verdict, printed and exited on by the workflow's onsuccess
+    assert write_prediction_verdict(config).startswith("batchfit: 2 prediction(s) failed:")
+    code, lines = end_of_run(config)
+    assert code == 1 and "s9" in lines and "prediction_failures.csv" in lines
+    assert end_of_run(config) == (0, "")  # reported once
     # a grid column the datasets do not have
     grid = load_config(write_config(tmp_path / "g.yaml", {**settings, "results_dir": str(results),
                                                           "predict": {"grid": {"time": [1.0]}}}))
@@ -411,8 +417,9 @@ def test_a_model_the_cached_forward_function_cannot_take_is_predicted_by_pymc_it
                                                                                        tmp_path: Path) -> None:
     """A user's op with only a Python implementation: numba runs it in object mode, so the forward function is
     not cached; pm.sample_posterior_predictive predicts the dataset, which gives its own draws exactly."""
-    import batchfit
     from testkit import OBJECT_MODE_MODEL
+
+    import batchfit
 
     rng = np.random.default_rng(5)
     config = fitted(tmp_path, session_cache, OBJECT_MODE_MODEL, {"o1": pd.DataFrame({"y": rng.normal(1, 0.3, 8)})},

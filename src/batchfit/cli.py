@@ -152,7 +152,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline
-    from batchfit.sweep.verdict import failure_report
+    from batchfit.sweep.verdict import failure_report, prediction_failure_report
     from batchfit.variants import one_variant
 
     if args.command == "cache":
@@ -202,6 +202,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         failed, line = run_predict(config, args.datasets or None)
         print(line)
+        report = prediction_failure_report(config)
+        if report:
+            print(report, file=sys.stderr)
         return 1 if failed else 0
     if args.command == "check":
         from batchfit.sweep.check import check_model

@@ -22,8 +22,9 @@ PREDICTION_FAILURES_CSV = "prediction_failures.csv"
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
                             "data_sha256.json", "summaries", "orphaned", "plots", "report", "sbc", "status.txt",
-                            "predictions", "predict_plan.json", PREDICTIONS_CSV, PREDICTION_FAILURES_CSV,
-                            SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
+                            "predictions", "predict_plan.json", "predict_status.txt", PREDICTIONS_CSV,
+                            PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV,
+                            COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,11 @@ class ResultsLayout:
     @property
     def prediction_failures_csv(self) -> Path:
         return self.root / PREDICTION_FAILURES_CSV
+
+    @property
+    def prediction_verdict(self) -> Path:
+        """collect_predictions' verdict: the failed predictions, which the workflow's ``onsuccess`` prints last."""
+        return self.root / "predict_status.txt"
 
     @property
     def prediction_plots(self) -> Path:

@@ -29,6 +29,7 @@ from batchfit.sweep.predict_plan import (
     still_pending_predictions,
     sweep_predict_plan,
 )
+from batchfit.sweep.verdict import write_prediction_verdict
 
 
 def run_predict_job(config: Config, batch: str, *, bundle: Path, staged: Path | None = None,
@@ -58,8 +59,11 @@ def stage_predict_job(config: Config, batch: str, stamp: Path, directory: Path) 
 
 
 def run_collect_predictions(config: Config, batch_outputs: Sequence[str | Path] = ()) -> str:
-    """predictions.csv and prediction_failures.csv of the sweep (adopting the predict jobs' own outputs first)."""
-    return collect_predictions(config, predict_plan(config, record=False).predicted, batch_outputs)
+    """predictions.csv and prediction_failures.csv of the sweep (adopting the predict jobs' own outputs first),
+    and the failed predictions for the run's verdict."""
+    line = collect_predictions(config, predict_plan(config, record=False).predicted, batch_outputs)
+    write_prediction_verdict(config)
+    return line
 
 
 def run_prediction_plots(config: Config) -> list[Path]:
