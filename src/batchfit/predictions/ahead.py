@@ -30,8 +30,7 @@ def compile_forward_ahead(config: Config, ref: Reference, cache: CacheDir, tree:
     if not config.predict.enabled:
         return None
     data = ref.dataset
-    fit = FitDraws(data.id, data.path, tree["posterior"].to_dataset(), tree["constant_data"].to_dataset(),
-                   dict(tree.attrs))
+    fit = FitDraws.of_tree(data.id, data.path, tree)
     try:
         files = new_data_files(config)
         if config.predict.source == "data" and data.id not in files:

@@ -104,7 +104,7 @@ class Predictor:
         """PyMC's decision for predicting ``fit`` with ``model`` (built on ``new``); its warnings logged once."""
         if fit.structure and structure_of(model) != fit.structure:
             self._own_structure_once(new)
-        plan = plan_forward(model, list(fit.posterior.data_vars), fit.constant_values(), fit.coords(), self.var_names)
+        plan = plan_forward(model, list(fit.posterior), fit.constant_data, fit.coordinates, self.var_names)
         self._log_warnings(plan)
         check_resizable(plan, fit, new)
         return plan
@@ -255,10 +255,10 @@ def predictions_tree(plan: ForwardPlan, computed: Mapping[str, np.ndarray], fit:
     variables = {}
     copied = set(plan.copied)  # after the computed ones, as PyMC fills its trace: each draw's computed values first
     for var in [*(v for v in plan.outputs if v.name not in copied), *(v for v in plan.outputs if v.name in copied)]:
-        value = computed[var.name] if var.name in computed else fit.posterior[var.name].values
+        value = computed[var.name] if var.name in computed else fit.posterior[var.name]
         value = np.asarray(value).reshape(n_chain, n_draw, *np.shape(value)[2 if var.name not in computed else 1:])
         variables[var.name] = (("chain", "draw", *_dims(model, var.name, value.ndim - 2)), value)
-    coords = {"chain": fit.posterior["chain"].values, "draw": fit.posterior["draw"].values}
+    coords = {"chain": fit.coordinates["chain"], "draw": fit.coordinates["draw"]}
     predictions = xr.Dataset(variables, coords={**coords, **_used(labelled, variables)})
     constants = {name: (_dims(model, name, np.ndim(value)), np.asarray(value))
                  for name, value in find_constants(model).items()}
