@@ -106,6 +106,14 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
         for name in expected:
             if name not in value:
                 yield _child(key, name), f"missing required key '{name}'"
+    elif kind == "anyOf":  # the alternatives of the value's own type say what is wrong; else, which types
+        own = [sub for sub in error.context if sub.validator != "type"]
+        if own:
+            for sub in own:
+                yield from _explain(sub)
+        else:
+            names = [_TYPE_NAMES.get(alternative.get("type"), "") for alternative in expected]
+            yield key, f"must be {' or '.join(names)}, got {_describe(value)}"
     elif kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         other_names = error.schema.get("x-other-names", {})
