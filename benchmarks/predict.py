@@ -37,9 +37,11 @@ from common import (  # noqa: E402
     PY,
     RESULTS,
     child_env,
+    example_build_model,
     example_columns,
     fresh_dir,
     load_average,
+    load_example,
     machine_line,
     run_tracked,
     simulate,
@@ -51,38 +53,25 @@ CHECKED = 3  # datasets whose predictions both sides must draw alike
 
 def pymc_child(project: str, ids: list[str], points: int, out: str) -> None:
     """The loop a user writes: per dataset, the model on the grid, PyMC's predictions on the fit, NetCDF."""
-    import importlib.util
     import logging
     import warnings
 
     import numpy as np
-    import pandas as pd
     import pymc as pm
     import xarray as xr
 
     from batchfit.fitting.fitter import dataset_seed
 
     logging.getLogger("pymc").setLevel(logging.ERROR)
-    spec = importlib.util.spec_from_file_location("hierarchical", MODEL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    class Data(dict):
-        coords: dict
-
+    build_model = example_build_model()
     seconds = []
     root = Path(project)
     grid = np.linspace(-2.0, 2.0, points)
     for dataset_id in ids:
         start = time.perf_counter()
-        frame = pd.read_csv(root / "data" / f"{dataset_id}.csv")
-        labels = sorted(frame["group"].unique())
-        data = Data(x=frame["x"].to_numpy(float), y=frame["y"].to_numpy(float),
-                    group=np.searchsorted(labels, frame["group"].to_numpy()).astype("int32"))
-        data.coords = {"group": tuple(labels)}
-        model = module.build_model(data)
+        model = build_model(load_example(root / "data" / f"{dataset_id}.csv"))
         with model:
-            pm.set_data({"x": grid, "group": np.zeros(points, dtype="int32"), "y": np.zeros(points)})
+            pm.set_data({"x": grid, "group": np.zeros(points, dtype="int64"), "y": np.zeros(points)})
         with xr.open_datatree(root / "results" / "fits" / f"{dataset_id}.nc") as fit, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             predictions = pm.sample_posterior_predictive(fit.load(), model=model, predictions=True, progressbar=False,

@@ -87,3 +87,19 @@ def test_grid_files_and_horizon_predict_end_to_end_and_refit_only_what_changed(s
     data = pd.read_csv(tmp_path / "data" / "shop_001.csv")
     np.testing.assert_allclose(table[table["dataset"] == "shop_001"]["x"], data["x"].max() + [0.5, 1.0, 1.5])
     assert yaml.safe_load(config.read_text())["predict"] == {"horizon": 3}
+
+
+def test_a_sweep_of_variants_predicts_per_variant_those_that_ask(session_cache, tmp_path) -> None:
+    """Planned only (a dry run): each variant with predict gets its own predict jobs, table and curves."""
+    from batchfit.model.simulate import simulate_datasets
+
+    simulate_datasets(HIERARCHICAL, tmp_path / "data", 4, seed=5, prefix="shop")
+    settings = sweep_settings(session_cache, batch_size=2, columns={"group": {"scope": "dataset"}},
+                              variants={"normal": {"params": {"noise": "normal"}},
+                                        "student": {"params": {"noise": "student"},
+                                                    "predict": {"grid": {"group": ["g00"], "x": [0.0, 1.0]}}}})
+    dry = snakemake(tmp_path, write_config(tmp_path / "sweep.yaml", settings), "-n")
+    assert dry.returncode == 0, output_of(dry)[-3000:]
+    jobs = planned_jobs(dry)
+    assert jobs["predict_batch"] == 2 and jobs["collect_predictions"] == 1 and jobs["prediction_plots"] == 1, jobs
+    assert "results/student/predictions.csv" in output_of(dry) and "results/normal/predictions" not in output_of(dry)

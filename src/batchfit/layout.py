@@ -192,9 +192,13 @@ class ResultsLayout:
         """The predict batches the sweep's main process records for its jobs (`batchfit.sweep.predict_plan`)."""
         return self.root / "predict_plan.json"
 
+    @property
+    def predict_manifests(self) -> Path:
+        return self.predictions / "batches"
+
     def predict_manifest(self, batch_id: str) -> Path:
         """A predict job's declared output: each dataset's outcome."""
-        return self.predictions / "batches" / f"{batch_id}.json"
+        return self.predict_manifests / f"{batch_id}.json"
 
     def predict_log(self, batch_id: str) -> Path:
         return self.logs / "predict" / f"{batch_id}.log"

@@ -65,11 +65,15 @@ class JobInputs:
     def _manifest(self) -> dict:
         """The staged manifest, read once per job (a frozen dataclass still takes a cached property)."""
         assert self.staged is not None
-        path = self.staged / _MANIFEST
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
+        return read_staged(self.staged / _MANIFEST)
+
+
+def read_staged(path: Path) -> dict:
+    """A staged manifest; an unreadable one says to stage the job's inputs again."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
 
 
 # A job that sees the sweep's data and results directory, and has no compiled bundle.

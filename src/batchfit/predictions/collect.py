@@ -17,10 +17,9 @@ import pandas as pd
 
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
-from batchfit.errors import BatchfitError
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
-from batchfit.outputs.adopt import copy_file
+from batchfit.outputs.adopt import copy_file, job_output
 from batchfit.predictions.provenance import record_prediction
 from batchfit.predictions.table import collect_table, prediction_rows, rows_header, stat_columns, write_rows
 
@@ -70,13 +69,9 @@ def adopt_predict_outputs(layout: ResultsLayout, directories: Iterable[str | Pat
     """Copy each predict job's predictions, rows, failure records and manifest from its own results directory
     into ``layout`` (the sidecar last, with the copy's size and time); the number of predictions."""
     adopted = 0
-    for directory in map(Path, directories):
-        job = ResultsLayout(directory)
-        manifests = sorted(job.predict_manifest("x").parent.glob("*.json"))
-        if len(manifests) != 1:
-            raise BatchfitError(f"{directory} is not a predict job's output directory: it holds {len(manifests)} "
-                                "batch manifests, not one")
-        for dataset_id in json.loads(manifests[0].read_text())["datasets"]:
+    for directory in directories:
+        job, manifest, dataset_ids = job_output(directory, lambda job: job.predict_manifests, "predict")
+        for dataset_id in dataset_ids:
             if job.prediction(dataset_id).exists():
                 digest = json.loads(job.prediction_sidecar(dataset_id).read_text())["provenance"]
                 layout.prediction_sidecar(dataset_id).unlink(missing_ok=True)
@@ -89,7 +84,7 @@ def adopt_predict_outputs(layout: ResultsLayout, directories: Iterable[str | Pat
                 for stale in (layout.prediction_sidecar, layout.prediction, layout.prediction_rows):
                     stale(dataset_id).unlink(missing_ok=True)
                 copy_file(job.prediction_failure(dataset_id), layout.prediction_failure(dataset_id))
-        copy_file(manifests[0], layout.predict_manifest(manifests[0].stem))
+        copy_file(manifest, layout.predict_manifest(manifest.stem))
     if adopted:
         log.info("adopted %d prediction(s) from the predict jobs' own output directories", adopted)
     return adopted

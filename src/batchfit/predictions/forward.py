@@ -22,13 +22,13 @@ import dataclasses
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from batchfit.cache.heal import is_damage_error, retry_after_healing
+from batchfit.cache.heal import retry_after_healing
 from batchfit.cache.store import CacheDir, CorruptEntry, Fetched, get_or_build
 from batchfit.compat.numba import register_cache_locator
 from batchfit.compat.pytensor import graph_function
@@ -233,11 +233,3 @@ def build_forward(plan: ForwardPlan, cache: CacheDir, key: str) -> ForwardSpec:
         raise CachedPathUnsupported("numba could not cache the forward function's loop")
     return spec
 
-
-def is_cache_damage(exc: BaseException, cache: CacheDir) -> bool:
-    """Whether a failure of the forward function came from a damaged cache file (`batchfit.cache.heal`)."""
-    return is_damage_error(exc, cache)
-
-
-def names_of(outputs: Sequence[Output]) -> list[str]:
-    return [o.name for o in outputs]

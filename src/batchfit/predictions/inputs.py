@@ -17,8 +17,7 @@ from pathlib import Path
 from batchfit.config import Config
 from batchfit.data.discovery import DatasetFiles
 from batchfit.data.labels import Coding
-from batchfit.errors import BatchfitError
-from batchfit.fitting.job_inputs import JobInputs, link_or_copy, stage_inputs
+from batchfit.fitting.job_inputs import JobInputs, link_or_copy, read_staged, stage_inputs
 from batchfit.predictions.new_data import new_data_files
 
 _MANIFEST = "predict.json"
@@ -70,11 +69,7 @@ class PredictInputs:
     @cached_property
     def _manifest(self) -> dict:
         assert self.staged is not None
-        path = self.staged / _MANIFEST
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
+        return read_staged(self.staged / _MANIFEST)
 
 
 # A job that reads the sweep's own files, and has no compiled bundle.

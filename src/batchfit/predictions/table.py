@@ -69,14 +69,13 @@ def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndar
         labels = [_labels(predictions, dim, size) for dim, size in zip(var.dims[2:], shape, strict=True)]
         rest = labels[1:] if per_row else labels
         elements = [", ".join(map(str, combo)) for combo in itertools.product(*rest)] if rest else [""]
-        rows = np.repeat(np.arange(n_rows), len(elements)) if per_row else np.full(len(elements), -1)
+        rows = np.repeat(np.arange(n_rows), len(elements)) if per_row else None
+        count = len(rows) if per_row else len(elements)
         frame = {"dataset": dataset_id, "variable": name,
-                 "row": pd.array(np.where(rows >= 0, rows, 0), dtype="Int64"),
+                 "row": pd.array(rows if per_row else [pd.NA] * count, dtype="Int64"),
                  "element": np.tile(elements, n_rows if per_row else 1)}
-        if not per_row:
-            frame["row"][:] = pd.NA
-        for column, values in inputs.items():
-            frame[column] = values[rows] if per_row else pd.array([pd.NA] * len(rows))
+        for column, values in inputs.items():  # a row's inputs; none for an element that is no row
+            frame[column] = values[rows] if per_row else pd.array([pd.NA] * count)
         frame.update(zip(stat_columns(summary), stats, strict=True))
         parts.append(pd.DataFrame(frame))
     if not parts:
