@@ -58,7 +58,8 @@ def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleT
     """
     predict = config.predict
     if not predict.enabled:
-        raise ConfigError("the config has no predict key", key="predict", source=config.source)
+        raise ConfigError("predict gives no new inputs (none of data, grid, horizon)", key="predict",
+                          source=config.source)
     if predict.source == "data":
         if file is None:
             raise DatasetError("has no new-data file among predict.data", dataset=data.id, path=data.path)

@@ -59,7 +59,8 @@ class Predictor:
 
     def __init__(self, config: Config, ref: Reference, cache: CacheDir, module: ModuleType):
         if not config.predict.enabled:
-            raise ConfigError("the config has no predict key", key="predict", source=config.source)
+            raise ConfigError("predict gives no new inputs (none of data, grid, horizon)", key="predict",
+                              source=config.source)
         self.config, self.ref, self.cache, self.module = config, ref, cache, module
         self.settings = config.predict
         self.observed = observed_columns(ref.model)
@@ -120,7 +121,7 @@ class Predictor:
         else:
             try:
                 computed = function.draw(model, fit.stacked(), fit.n_samples, seed)
-            except Exception as exc:  # noqa: BLE001 - the graph's own checks (shapes, parameters) raise here
+            except (ValueError, AssertionError, IndexError) as exc:  # the graph's own checks (shapes, parameters)
                 raise DatasetError(f"the forward function failed on the new inputs: {type(exc).__name__}: "
                                    f"{one_line(exc)}", dataset=new.id, path=new.path) from exc
             tree, path = predictions_tree(plan, computed, fit), CACHED
@@ -255,8 +256,10 @@ def predictions_tree(plan: ForwardPlan, computed: Mapping[str, np.ndarray], fit:
     variables = {}
     copied = set(plan.copied)  # after the computed ones, as PyMC fills its trace: each draw's computed values first
     for var in [*(v for v in plan.outputs if v.name not in copied), *(v for v in plan.outputs if v.name in copied)]:
-        value = computed[var.name] if var.name in computed else fit.posterior[var.name]
-        value = np.asarray(value).reshape(n_chain, n_draw, *np.shape(value)[2 if var.name not in computed else 1:])
+        if var.name in computed:  # (draw, ...), chain after chain
+            value = computed[var.name].reshape(n_chain, n_draw, *computed[var.name].shape[1:])
+        else:
+            value = fit.posterior[var.name]
         variables[var.name] = (("chain", "draw", *_dims(model, var.name, value.ndim - 2)), value)
     coords = {"chain": fit.coordinates["chain"], "draw": fit.coordinates["draw"]}
     predictions = xr.Dataset(variables, coords={**coords, **_used(labelled, variables)})

@@ -109,8 +109,21 @@ def collect_table(parts: Sequence[Path], target: Path, summary: SummarySettings)
     written = 0
     with atomic_path(target) as tmp:
         pd.DataFrame(columns=columns).to_csv(tmp, index=False)
-        for part in parts:
-            frame = pd.read_csv(part, keep_default_na=False, na_values=[""], dtype={"row": "Int64"})
-            frame.reindex(columns=columns).to_csv(tmp, mode="a", header=False, index=False)
-            written += len(frame)
+        with open(tmp, "ab") as out:
+            for part in parts:
+                written += _append(part, columns, out)
     return written
+
+
+def _append(part: Path, columns: list[str], out: Any) -> int:
+    """Append a rows file to ``out`` without its header; its rows (as they are when it has ``columns``, the
+    usual case: no parsing; otherwise read and laid out in ``columns``)."""
+    if rows_header(part) == columns:
+        with open(part, "rb") as file:
+            file.readline()
+            body = file.read()
+        out.write(body)
+        return body.count(b"\n")
+    frame = pd.read_csv(part, keep_default_na=False, na_values=[""], dtype={"row": "Int64"})
+    out.write(frame.reindex(columns=columns).to_csv(header=False, index=False).encode())
+    return len(frame)
