@@ -43,6 +43,10 @@ def test_grid_files_and_horizon_predict_end_to_end_and_refit_only_what_changed(s
     assert "forward function" in compile_log and "compiled in" in compile_log, compile_log
     for log in (results / "logs" / "predict").glob("*.log"):
         assert "forward function" in log.read_text() and "cache hit" in log.read_text(), log.read_text()
+    report = snakemake(tmp_path, config, "--report", "report.html")
+    assert report.returncode == 0, output_of(report)[-3000:]
+    text = (tmp_path / "report.html").read_text()
+    assert "7. Predictions" in text and "Predictions of dataset" in text
 
     # 2. a changed dataset: one fit and one prediction, of that dataset alone
     data = pd.read_csv(tmp_path / "data" / "shop_002.csv")
