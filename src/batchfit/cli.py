@@ -84,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
                                 "at most)")
         if name in ("collect", "run"):
             p.add_argument("--workers", type=int, default=1, help="processes that summarise new fits at once")
+        if name == "check":
+            p.add_argument("--all", action="store_true", dest="every_model",
+                           help="build every dataset's model (past 2000 datasets check builds one per distinct "
+                                "shape of the data and a sample; every dataset's data are checked either way)")
         if name in ("fit", "predict"):
             p.add_argument("datasets", nargs="*", default=[],
                            help=f"dataset ids to {name} (default: every pending dataset)")
@@ -160,8 +164,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "init":
         from batchfit.project import init_project
 
-        written = init_project(args.directory)
-        print(f"init: wrote {len(written)} files in {args.directory}; there, run: snakemake --cores 2")
+        print(init_project(args.directory).one_line())
         return 0
     if args.command == "simulate":
         from pathlib import Path
@@ -209,7 +212,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from batchfit.sweep.check import check_model
 
-        report = check_model(config)
+        report = check_model(config, every_model=args.every_model)
         print("\n".join(report.lines()))
         return 0 if report.ok else 1
     if args.command in ("compile", "run"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
 from batchfit.errors import BatchfitError
+from batchfit.fitting.fit_register import touching
 from batchfit.fitting.provenance import record_digest
 from batchfit.layout import ResultsLayout
 
@@ -39,8 +40,9 @@ def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]
     """Copy each job's fits, failure records and manifest from ``directories`` into ``layout``; the number of fits."""
     fits = 0
     for directory in directories:
-        job, manifest, dataset_ids = job_output(directory, lambda job: job.batches, "fit")
-        for dataset_id in dataset_ids:
+        job, manifest, adopted = job_output(directory, lambda job: job.batches, "fit")
+        touching(layout, f"adopted-{manifest.stem}", adopted)
+        for dataset_id in adopted:
             if job.fit(dataset_id).exists():
                 _adopt_fit(layout, job, dataset_id)
                 fits += 1

@@ -14,12 +14,10 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from batchfit.cache.store import open_cache
 from batchfit.config import Config
-from batchfit.data.dataset import load_dataset
 from batchfit.data.discovery import source_of
 from batchfit.errors import BatchfitError, DatasetError, is_expected, one_line, reason_of
-from batchfit.fitting.fitter import reference_model
+from batchfit.fitting.fitter import prepare
 from batchfit.fitting.outcome import Outcome
 from batchfit.model.model_file import load_model_file
 from batchfit.predictions.fit_draws import read_fit_draws
@@ -36,10 +34,9 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
     """Predict the datasets of ``expected`` (id -> what the plan expects of it); write predictions, failures
     and the batch's manifest. With ``on_error: stop`` the first failure is raised after the manifest."""
     log.info("%s holds %d dataset(s): %s", batch_id, len(expected), " ".join(expected))
-    cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared, bundle=inputs.bundle)
-    paths = inputs.datasets(config)
-    coding = inputs.coding(config, paths)
-    predictor = Predictor(config, reference_model(config, paths, coding), cache, load_model_file(config.model))
+    cache, reader, ref = prepare(config, inputs.job, wanted=list(expected))
+    paths = reader.index
+    predictor = Predictor(config, ref, cache, load_model_file(config.model))
     new_files = inputs.new_files(config)
     outcomes = []
     try:
@@ -57,8 +54,8 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
                 if fit.provenance != wanted.fit:
                     raise DatasetError("its fit is outdated (the config, model or data changed since): it is predicted "
                                        "once it is fitted again", dataset=dataset_id, path=source_of(paths, dataset_id))
-                data = load_dataset(dataset_id, paths[dataset_id], coding, config.params)
-                new = new_inputs(config, data, coding=coding, module=predictor.module,
+                data = reader.load(dataset_id)
+                new = new_inputs(config, data, coding=reader.coding, module=predictor.module,
                                  file=new_files[dataset_id] if dataset_id in new_files else None)
                 stage = "predict"
                 prediction = predictor.predict(fit, new)

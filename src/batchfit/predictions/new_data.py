@@ -3,10 +3,12 @@
 Each form gives a `batchfit.data.dataset.Dataset` that ``build_model`` takes as it takes the dataset
 itself, with the dataset's own labels (a text column's codes mean what they meant in its fit, and
 ``data.coords`` holds the same labels, so every dimension the posterior has keeps its length) and its
-values that are one number (the config's ``params``, 0-d arrays of every dataset) carried over:
+values that are one number (the config's ``params`` and the side tables' values, 0-d arrays of the
+dataset) carried over:
 
-* ``data``: the file whose name is the dataset's id, read as the sweep reads datasets
-  (`batchfit.data.dataset.load_dataset`, with the sweep's coding);
+* ``data``: the file whose name is the dataset's id, read as the sweep reads a dataset's file
+  (`batchfit.data.dataset.load_dataset`, with the sweep's coding and the columns' bounds; not the row
+  rules, which choose rows to fit);
 * ``grid``: the same rows for every dataset, every combination of the grid's columns; besides the
   0-d values, a column holding one value in the whole dataset (a subject's dose repeated on every
   row) is repeated over the new rows;
@@ -27,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from batchfit.config import Config
-from batchfit.data.dataset import Dataset, load_dataset, with_params
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.data.dataset import Dataset, DataSettings, load_dataset, with_params
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.errors import ConfigError, DatasetError, ModelContractError
 from batchfit.model.model_file import use_model_folder
@@ -37,12 +39,12 @@ from batchfit.model.user_traceback import model_code_error
 EXTEND = "extend"  # the model file's hook for predict.horizon
 
 
-def new_data_files(config: Config) -> DatasetFiles:
+def new_data_files(config: Config) -> DatasetIndex:
     """With ``predict.data``: each new-data file by the id of the dataset it is for (its name without the
     suffix, made a safe id as a dataset file's is); otherwise none."""
     predict = config.predict
     if predict.data is None:
-        return DatasetFiles()
+        return DatasetIndex()
     try:  # found and named as the sweep's own datasets are
         return discover_datasets(dataclasses.replace(config, datasets=predict.data))
     except ConfigError as exc:
@@ -63,7 +65,7 @@ def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleT
     if predict.source == "data":
         if file is None:
             raise DatasetError("has no new-data file among predict.data", dataset=data.id, path=data.path)
-        new = load_dataset(data.id, file, coding, config.params)
+        new = load_dataset(data.id, file, coding, new_data_settings(config))
     elif predict.source == "grid":
         new = grid_inputs(data, predict.grid or {})
     else:
@@ -71,11 +73,18 @@ def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleT
     return with_labels_of(data, new)
 
 
-def given_inputs(data: Dataset, given: Any, coding: Coding, params: Mapping[str, Any]) -> Dataset:
-    """New inputs given in a notebook (`batchfit.predictions`): a file (read as the sweep reads datasets), a
-    Dataset, or a mapping of column to values (a pandas DataFrame too), text columns as labels or codes."""
+def new_data_settings(config: Config) -> DataSettings:
+    """How a new-data file is read: with the columns' settings (their bounds) and the numeric ``params``; not the
+    row rules, which choose a dataset's rows to fit (new rows are all predicted), nor the side tables, whose
+    values come with the dataset's own (`with_labels_of`)."""
+    return DataSettings(columns=dict(config.columns), params=dict(config.params))
+
+
+def given_inputs(data: Dataset, given: Any, coding: Coding, config: Config) -> Dataset:
+    """New inputs given in a notebook (``batchfit.predict``): a file (read as a new-data file), a Dataset, or a
+    mapping of column to values (a pandas DataFrame too), text columns as labels or codes."""
     if isinstance(given, str | Path):
-        return with_labels_of(data, load_dataset(data.id, Path(given), coding, params))
+        return with_labels_of(data, load_dataset(data.id, Path(given), coding, new_data_settings(config)))
     if isinstance(given, Dataset):
         return with_labels_of(data, dataclasses.replace(given, id=data.id))
     if hasattr(given, "to_dict") and hasattr(given, "columns"):  # a DataFrame
@@ -94,7 +103,7 @@ def given_inputs(data: Dataset, given: Any, coding: Coding, params: Mapping[str,
                                    f"this column ({', '.join(map(repr, labels))})", dataset=data.id, column=str(name))
             array = np.asarray([labels.index(str(v)) for v in array.ravel()], dtype=np.int64).reshape(array.shape)
         arrays[str(name)] = array
-    return with_labels_of(data, with_params(Dataset(data.id, Path("<new data>"), arrays, {}), params))
+    return with_labels_of(data, with_params(Dataset(data.id, Path("<new data>"), arrays, {}), config.params))
 
 
 def grid_inputs(data: Dataset, grid: Mapping[str, Any]) -> Dataset:

@@ -92,10 +92,8 @@ def run_predict(config: Config, dataset_ids: Sequence[str] | None = None) -> tup
 def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
     """One dataset's predictions on ``new_data`` (see `batchfit.notebook.predict`), written nowhere."""
     from batchfit.cache.store import open_cache
-    from batchfit.data.coding import sweep_coding
-    from batchfit.data.dataset import load_dataset
     from batchfit.data.discovery import discover_datasets
-    from batchfit.fitting.fitter import reference_model
+    from batchfit.fitting.fitter import reference_model, sweep_reader
     from batchfit.model.model_file import load_model_file
     from batchfit.predictions.fit_draws import read_fit_draws
     from batchfit.predictions.new_data import given_inputs, new_data_files, new_inputs
@@ -112,15 +110,15 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
                            dataset=dataset_id)
     if not config.layout.fit(dataset_id).exists():
         raise DatasetError("has no fit to predict from: fit it first", dataset=dataset_id, path=paths[dataset_id])
-    coding = sweep_coding(config, paths)
+    reader = sweep_reader(config, paths)
     module = load_model_file(config.model)
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
-    predictor = Predictor(config, reference_model(config, paths, coding), cache, module)
-    data = load_dataset(dataset_id, paths[dataset_id], coding, config.params)
+    predictor = Predictor(config, reference_model(config, reader), cache, module)
+    data = reader.load(dataset_id)
     if new_data is None:
         files = new_data_files(config)
-        new = new_inputs(config, data, coding=coding, module=module, file=files[dataset_id] if dataset_id in files
-                         else None)
+        new = new_inputs(config, data, coding=reader.coding, module=module,
+                         file=files[dataset_id] if dataset_id in files else None)
     else:
-        new = given_inputs(data, new_data, coding, config.params)
+        new = given_inputs(data, new_data, reader.coding, config)
     return predictor.predict(read_fit_draws(dataset_id, config.layout.fit(dataset_id)), new).tree
