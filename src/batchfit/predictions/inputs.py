@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from batchfit.config import Config
-from batchfit.data.discovery import DatasetFiles
+from batchfit.data.discovery import DatasetIndex
 from batchfit.data.labels import Coding
 from batchfit.fitting.job_inputs import JobInputs, link_or_copy, read_staged, stage_inputs
 from batchfit.predictions.new_data import new_data_files
@@ -55,12 +55,12 @@ class PredictInputs:
         """The fit of ``dataset_id`` this job reads."""
         return config.layout.fit(dataset_id) if self.staged is None else self.staged / _FITS / f"{dataset_id}.nc"
 
-    def new_files(self, config: Config) -> DatasetFiles:
+    def new_files(self, config: Config) -> DatasetIndex:
         """The new-data files (``predict.data``) by dataset id: the sweep's, or the staged copies."""
         if self.staged is None:
             return new_data_files(config)
         files = self._manifest["new"]
-        return DatasetFiles(((d, self.staged / name) for d, name in files.items()), self._manifest["new_sources"])
+        return DatasetIndex(((d, self.staged / name) for d, name in files.items()), self._manifest["new_sources"])
 
     def expected(self) -> dict[str, Expected]:
         """The staged datasets and what the plan expects of each."""

@@ -16,11 +16,10 @@ import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from batchfit.common.hashing import package_sources, sources_digest
 from batchfit.config import Config
-from batchfit.fitting.provenance import DigestCache, Provenance, versions
+from batchfit.fitting.provenance import DigestCache, Provenance, SweepParts, versions
 from batchfit.layout import ResultsLayout
 
 # The code a prediction comes from, besides what its fit's digest covers.
@@ -32,19 +31,18 @@ def predict_code_sha256() -> str:
     return sources_digest(package_sources(*PREDICT_CODE))
 
 
-def predict_parts(config: Config) -> dict[str, Any]:
+def predict_parts(config: Config) -> SweepParts:
     """The parts every dataset's prediction shares."""
     settings = dataclasses.asdict(config.predict)
     settings.pop("x", None)  # the report's axis, not the predictions'
-    return {"predict": json.loads(json.dumps(settings, default=list)), "predict_code": predict_code_sha256(),
-            "versions": versions()}
+    return SweepParts({"predict": json.loads(json.dumps(settings, default=list)), "predict_code": predict_code_sha256(),
+                       "versions": versions()})
 
 
-def prediction_provenance(parts: Mapping[str, Any], dataset_id: str, fit_digest: str, inputs_sha256: str
-                          ) -> Provenance:
+def prediction_provenance(parts: SweepParts, dataset_id: str, fit_digest: str, inputs_sha256: str) -> Provenance:
     """One dataset's prediction provenance: the shared parts, its fit's digest and its new inputs' sha256
     ('' for a grid or a horizon, which the shared parts hold)."""
-    return Provenance({**parts, "dataset": dataset_id, "fit": fit_digest, "inputs_sha256": inputs_sha256})
+    return Provenance(parts, {"dataset": dataset_id, "fit": fit_digest, "inputs_sha256": inputs_sha256})
 
 
 def expected_prediction_digests(config: Config, fit_digests: Mapping[str, str], new_files: Mapping[str, Path],

@@ -193,7 +193,7 @@ def compile_stamp_path(config: Config) -> Path:
              json.dumps(config.params, sort_keys=True).encode(),  # a constant parameter is another structure
              config.cache.cpu_target.encode(),
              *(f"{name}={version(name)}".encode() for name in LIBRARIES),
-             *([json.dumps(predict_parts(config)["predict"]).encode()] if config.predict.enabled else [])]
+             *([json.dumps(predict_parts(config).parts["predict"]).encode()] if config.predict.enabled else [])]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
 
