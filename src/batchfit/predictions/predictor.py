@@ -50,6 +50,7 @@ class Prediction:
 
     tree: Any  # groups predictions and predictions_constant_data
     inputs: Dataset  # the new inputs, as the model was built on them (observed placeholders included)
+    read: tuple[str, ...]  # the columns the model reads (its pm.Data)
     filled: tuple[str, ...]  # observed columns the new inputs left out, filled with placeholders
     path: str  # CACHED or PYMC
 
@@ -126,7 +127,7 @@ class Predictor:
                                    f"{one_line(exc)}", dataset=new.id, path=new.path) from exc
             tree, path = predictions_tree(plan, computed, fit), CACHED
         tree.attrs = {**self._attrs(plan, fit, new, seed, path, function), **tree.attrs}
-        return Prediction(tree, inputs, filled, path)
+        return Prediction(tree, inputs, tuple(self.ref.requirements), filled, path)
 
     def _own_structure_once(self, new: Dataset) -> None:
         """Warn once per job of a model whose structure changes with the new inputs."""

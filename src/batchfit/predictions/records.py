@@ -35,7 +35,7 @@ def write_prediction(config: Config, dataset_id: str, prediction: Prediction, di
     layout.prediction(dataset_id).unlink(missing_ok=True)
     inputs = prediction.inputs
     rows = prediction_rows(dataset_id, prediction.tree["predictions"].to_dataset(),
-                           input_columns(inputs, prediction.filled), inputs.n_rows, config.summary)
+                           input_columns(inputs, prediction.read, prediction.filled), inputs.n_rows, config.summary)
     layout.predictions.mkdir(parents=True, exist_ok=True)
     rows.to_csv(layout.prediction_rows(dataset_id), index=False)
     prediction.tree.attrs["provenance"] = digest

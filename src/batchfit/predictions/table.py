@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,14 @@ def stat_columns(summary: SummarySettings) -> list[str]:
     return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub"]
 
 
-def input_columns(inputs: Dataset, filled: Sequence[str]) -> dict[str, np.ndarray]:
-    """The new inputs shown beside each row: every per-row column (labels for text columns) and every value
-    that is one number, but the observed columns filled in for the model."""
+def input_columns(inputs: Dataset, read: Collection[str], filled: Sequence[str]) -> dict[str, np.ndarray]:
+    """The new inputs shown beside each row: the columns the model ``read`` that are one value per row (labels
+    for text columns) or one number, but the observed columns filled in for the model."""
     n_rows = inputs.n_rows
     shown = {}
     for name, array in inputs.arrays.items():
-        if name in filled or not (array.ndim == 0 or (array.ndim == 1 and array.shape[0] == n_rows)):
+        per_row = array.ndim == 1 and array.shape[0] == n_rows
+        if name not in read or name in filled or not (array.ndim == 0 or per_row):
             continue
         labels = inputs.coords.get(name)
         if labels is not None and array.dtype.kind in "iu":
