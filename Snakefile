@@ -22,6 +22,7 @@ include: "workflow/rules/collect.smk"
 include: "workflow/rules/sbc.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/predict.smk"
 
 
 # Light rules run in the main process, not as cluster jobs: `collect` combines files already on
@@ -34,6 +35,9 @@ localrules:
     plots,
     report_pages,
     sbc_plots,
+    collect_predictions,
+    prediction_plots,
+    predict,
 
 
 rule all:
@@ -44,3 +48,4 @@ rule all:
         REPORT_TARGETS,
         [here(p) for p in rules.compare.output] if VARIANTS else [],
         SENSITIVITY_TARGETS,
+        PREDICT_TARGETS,

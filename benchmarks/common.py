@@ -191,3 +191,35 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+# ---- the bundled example as a user loads it by hand (children) ------------------------------------
+
+class ExampleData:
+    """The ``data`` object models/hierarchical.py's build_model expects: columns plus coords."""
+
+    def __init__(self, arrays: dict, coords: dict):
+        self.arrays, self.coords = arrays, coords
+
+    def __getitem__(self, name: str):
+        return self.arrays[name]
+
+
+def load_example(path: str | Path) -> ExampleData:
+    import numpy as np
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    labels = np.array(sorted(df["group"].unique()))
+    codes = np.searchsorted(labels, df["group"].to_numpy()).astype("int64")
+    return ExampleData({"x": df["x"].to_numpy("float64"), "y": df["y"].to_numpy("float64"), "group": codes},
+                       {"group": tuple(labels)})
+
+
+def example_build_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hierarchical", MODEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_model

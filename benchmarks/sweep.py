@@ -63,10 +63,12 @@ from common import (  # noqa: E402
     PY,
     RESULTS,
     child_env,
+    example_build_model,
     example_columns,
     example_sampler,
     fresh_dir,
     load_average,
+    load_example,
     machine_line,
     median,
     mib,
@@ -75,36 +77,6 @@ from common import (  # noqa: E402
 )
 
 # ---- what a user writes by hand (children) ----------------------------------------------------
-
-class _Data:
-    """The ``data`` object models/hierarchical.py's build_model expects: columns plus coords."""
-
-    def __init__(self, arrays: dict, coords: dict):
-        self.arrays, self.coords = arrays, coords
-
-    def __getitem__(self, name: str):
-        return self.arrays[name]
-
-
-def _load(path: str) -> _Data:
-    import numpy as np
-    import pandas as pd
-
-    df = pd.read_csv(path)
-    labels = np.array(sorted(df["group"].unique()))
-    codes = np.searchsorted(labels, df["group"].to_numpy()).astype("int64")
-    return _Data({"x": df["x"].to_numpy("float64"), "y": df["y"].to_numpy("float64"), "group": codes},
-                 {"group": tuple(labels)})
-
-
-def _build_model_fn():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hierarchical", REPO / "models" / "hierarchical.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_model
-
 
 def naive_child(dataset: str, out: str, seed: int, sampler: dict) -> None:
     """One dataset, one process: build, pm.sample with nutpie, write NetCDF."""
@@ -131,7 +103,7 @@ def naive_child(dataset: str, out: str, seed: int, sampler: dict) -> None:
             times["sample_s"] += time.perf_counter() - start
 
     nutpie.compile_pymc_model, nutpie.sample = compile_timed, sample_timed
-    model = _build_model_fn()(_load(dataset))
+    model = example_build_model()(load_example(dataset))
     idata = pm.sample(draws=sampler["draws"], tune=sampler["tune"], chains=sampler["chains"],
                       target_accept=sampler["target_accept"], random_seed=seed, nuts_sampler="nutpie",
                       progressbar=False, model=model)
@@ -146,12 +118,12 @@ def nutpie_child(datasets: list[str], out_dir: str, seeds: list[int], sampler: d
     import nutpie
     import pymc  # noqa: F401
 
-    build_model = _build_model_fn()
+    build_model = example_build_model()
     compiled: dict[int, object] = {}
     rows = []
     for path, seed in zip(datasets, seeds, strict=True):
         start = time.perf_counter()
-        data = _load(path)
+        data = load_example(path)
         n_groups = len(data.coords["group"])
         compile_s = 0.0
         if n_groups not in compiled:

@@ -384,3 +384,18 @@ def test_scipy_spline_keeps_the_tck_splev_evaluates(k):
     x = np.linspace(-0.5, 1.5, 41)
     assert degree == k and t.dtype == c.dtype == np.float64
     np.testing.assert_array_equal(splev(x, (t, c, degree), ext=spline.ext), spline(x))
+
+
+def test_pymc_forward_sampling_helpers_take_the_arguments_batchfit_passes():
+    """batchfit.compat.pymc.forward_volatility: the private helpers sample_posterior_predictive calls, with the
+    parameters batchfit.predictions.forward_plan passes them (pymc/sampling/forward.py, pymc 6.4)."""
+    from batchfit.compat.pymc import forward_volatility
+
+    helpers = forward_volatility()
+    parameters = {name: list(inspect.signature(getattr(helpers, name)).parameters)
+                  for name in ("build_constant_data", "compute_volatile_vars", "warn_implicit_freeze")}
+    assert parameters["build_constant_data"] == ["trace_constant_data", "trace_coords", "model"]
+    assert parameters["compute_volatile_vars"] == ["fg", "vars_in_trace", "rvs", "constant_data", "volatile_vars",
+                                                   "freeze_vars"]
+    assert set(parameters["warn_implicit_freeze"]) == {"auto_frozen", "volatile_closure", "volatile_vars", "rv_set",
+                                                       "vars_in_trace_set", "constant_data", "model", "trace_coords"}

@@ -491,3 +491,24 @@ def test_fuzz_arbitrary_yaml_text_raises_only_config_error(text: str) -> None:
         path.write_text(text, encoding="utf-8")
         with pytest.raises(ConfigError):
             load_config(path)
+
+
+def test_predictions_are_off_by_default_and_take_their_new_inputs_from_one_form() -> None:
+    assert not config_from_dict(MINIMAL).predict.enabled
+    grid = config_from_dict({**MINIMAL, "predict": {"grid": {"TIME": {"start": 0, "stop": 24, "num": 97},
+                                                             "group": ["g1", "g2"]}}}).predict
+    assert grid.enabled and grid.source == "grid" and grid.seed == 2026 and grid.var_names is None
+    assert config_from_dict({**MINIMAL, "predict": {"data": "new/*.csv"}}).predict.data == ("new/*.csv",)
+    with pytest.raises(ConfigError, match=r"key 'predict'.*one of data.*not grid and horizon"):
+        config_from_dict({**MINIMAL, "predict": {"grid": {"x": [1.0]}, "horizon": 3}})
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ({"x": {"start": 0, "stop": 1}}, r"key 'predict.grid.x.num'.*missing required key 'num'"),
+    ({"x": {"start": 0, "stop": 1, "num": 3, "step": 1}}, r"key 'predict.grid.x.step'.*unknown key 'step'"),
+    ({"x": 3}, r"key 'predict.grid.x'.*must be a mapping of keys to values or a list, got 3"),
+    ({"x": {"start": 0, "stop": 1, "num": 0}}, r"key 'predict.grid.x.num'.*must be >= 1"),
+])
+def test_a_bad_grid_names_its_column_and_what_is_wrong(grid: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({**MINIMAL, "predict": {"grid": grid}})

@@ -61,7 +61,8 @@ def project(root: Path, cache: Path) -> Path:
         moved.unlink()
     config = write_config(root / "sweep.yaml", sweep_settings(
         cache, model="model.py", batch_size=2, sampler={"draws": 100, "tune": 100, "chains": 2, "seed": 8},
-        columns={"group": {"scope": "dataset"}}, datasets=["data/*.csv", {"table": "tables/shops.csv", "by": "shop"}]))
+        columns={"group": {"scope": "dataset"}}, datasets=["data/*.csv", {"table": "tables/shops.csv", "by": "shop"}],
+        predict={"grid": {"group": ["g00", "g01"], "x": {"start": -1.0, "stop": 1.0, "num": 5}}}))
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "model.py", "sweep.yaml"], check=True)
@@ -77,6 +78,10 @@ def script(path: Path, text: str) -> str:
 
 def fits(results: Path) -> dict[str, dict]:
     return {p.stem: posterior_arrays(p) for p in sorted((results / "fits").glob("*.nc"))}
+
+
+def predictions(results: Path) -> dict[str, dict]:
+    return {p.stem: posterior_arrays(p, group="predictions") for p in sorted((results / "predictions").glob("*.nc"))}
 
 
 @pytest.mark.slow
@@ -104,8 +109,9 @@ def test_a_sweep_through_a_storage_plugin_fits_the_same_draws_in_jobs_that_see_o
     jobs_log = (hold / "jobs.log").read_text() if (hold / "jobs.log").exists() else ""
     assert run.returncode == 0, f"{run.stderr[-4000:]}\n--- jobs\n{jobs_log[-4000:]}"
 
-    # Three fit jobs ran as cluster jobs, each in its empty directory (the submit script checks it).
-    assert len(list(hold.glob("*.rc"))) == 3 and all(p.read_text().strip() == "0" for p in hold.glob("*.rc"))
+    # Three fit jobs and three predict jobs ran as cluster jobs, each in its empty directory (the submit script
+    # checks it).
+    assert len(list(hold.glob("*.rc"))) == 6 and all(p.read_text().strip() == "0" for p in hold.glob("*.rc"))
     compile_logs = sorted((apart / "results" / "logs" / "compile").glob("*.log"))
     assert len(compile_logs) == 1, compile_logs  # one compile in the whole sweep, on the submitting machine
     assert "cache miss" in compile_logs[0].read_text()
@@ -114,6 +120,19 @@ def test_a_sweep_through_a_storage_plugin_fits_the_same_draws_in_jobs_that_see_o
     for log in fit_logs:
         text = log.read_text()
         assert "installed from the compiled bundle" in text and "cache miss" not in text, f"{log.name}:\n{text}"
+
+    # Each predict job installed the forward function the compile job compiled from the bundle, and compiled none.
+    predict_logs = sorted((storage / "results" / "logs" / "predict").glob("*.log"))
+    assert len(predict_logs) == 3, predict_logs
+    for log in predict_logs:
+        text = log.read_text()
+        assert "forward function" in text and "installed from the compiled bundle" in text, f"{log.name}:\n{text}"
+        assert "compiled in" not in text and "cache miss" not in text, f"{log.name}:\n{text}"
+    expected, actual = predictions(shared / "results"), predictions(apart / "results")
+    assert sorted(actual) == sorted(expected) == [f"far_{i:03d}" for i in range(6)]
+    for dataset, draws in expected.items():
+        assert actual[dataset]["y_obs"].tobytes() == draws["y_obs"].tobytes(), f"{dataset}: predictions differ"
+    assert (apart / "results" / "predictions.csv").read_text() == (shared / "results" / "predictions.csv").read_text()
 
     expected, actual = fits(shared / "results"), fits(apart / "results")
     assert sorted(actual) == sorted(expected) == [f"far_{i:03d}" for i in range(6)]

@@ -124,10 +124,10 @@ def manifests(results: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (results / "batches").glob("*.json")}
 
 
-def posterior_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The posterior draws of the fit file ``path``, by variable."""
+def posterior_arrays(path: Path, group: str = "posterior") -> dict[str, np.ndarray]:
+    """The posterior draws of the fit file ``path`` (or of another of its groups), by variable."""
     with xr.open_datatree(path, engine="h5netcdf") as tree:
-        return {name: np.asarray(var.values) for name, var in tree["posterior"].to_dataset().data_vars.items()}
+        return {name: np.asarray(var.values) for name, var in tree[group].to_dataset().data_vars.items()}
 
 
 # A user's op with only a Python implementation (``perform``, as in PyMC's black-box likelihood

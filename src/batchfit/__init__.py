@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from batchfit.compat.python import stop_pathlib_interning
 
 if TYPE_CHECKING:
+    from batchfit.notebook import build_model, load_dataset, predict
     from batchfit.outputs.results import Results, open_results
 
 __version__ = "0.1.0"
@@ -20,10 +21,10 @@ __version__ = "0.1.0"
 stop_pathlib_interning()
 
 # name -> module that defines it
-_LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook",
+_LAZY = {"load_dataset": "batchfit.notebook", "build_model": "batchfit.notebook", "predict": "batchfit.notebook",
          "workflow_snakefile": "batchfit.project", "open_results": "batchfit.outputs.results",
          "Results": "batchfit.outputs.results"}
-__all__ = ["Results", "__version__", "build_model", "load_dataset", "open_results", "workflow_snakefile"]
+__all__ = ["Results", "__version__", "build_model", "load_dataset", "open_results", "predict", "workflow_snakefile"]
 
 
 def __getattr__(name: str) -> object:

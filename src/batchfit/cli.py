@@ -7,6 +7,7 @@
     batchfit fit     --config CONFIG [IDS]    fit pending (or the named) datasets
     batchfit collect --config CONFIG          combine fits; exit 1 if any dataset failed
     batchfit run     --config CONFIG          compile, fit and collect
+    batchfit predict --config CONFIG [IDS]    predictions on new inputs (config key predict) from the fits
     batchfit sbc     --config CONFIG          simulation-based calibration; exit 1 unless it passes
     batchfit status  --config CONFIG [--dataset ID]   where the sweep stands, read from its files
     batchfit compare --config CONFIG          a sweep of variants compared per dataset (comparison.csv)
@@ -47,6 +48,8 @@ _STAGES = (("check", "check datasets and that the model compiles fully with numb
            ("collect", "combine the fits into posteriors.nc, summary.csv, datasets.csv, failures.csv; "
                        "exit 1 if any failed"),
            ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
+           ("predict", "predict the new inputs of config key predict from the fits: pending (or the named) "
+                       "datasets, then predictions.csv; exit 1 if any prediction failed"),
            ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"),
            ("compare", "a sweep of variants, each collected: compare them per dataset by PSIS-LOO (comparison.csv)"),
            ("sensitivity", "outputs.sensitivity, once collected: power-scaling sensitivity of every fit "
@@ -85,9 +88,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--all", action="store_true", dest="every_model",
                            help="build every dataset's model (past 2000 datasets check builds one per distinct "
                                 "shape of the data and a sample; every dataset's data are checked either way)")
-        if name == "fit":
+        if name in ("fit", "predict"):
             p.add_argument("datasets", nargs="*", default=[],
-                           help="dataset ids to fit (default: every pending dataset)")
+                           help=f"dataset ids to {name} (default: every pending dataset)")
     debug = command("debug", "run one dataset as a fit job does (load, build, structure checks, compile or "
                              "cache load) and sample one short chain; when the model's code raises, open pdb at "
                              "the model's failing line")
@@ -153,7 +156,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
     from batchfit.sweep import stages as pipeline
-    from batchfit.sweep.verdict import failure_report
+    from batchfit.sweep.verdict import failure_report, prediction_failure_report
     from batchfit.variants import one_variant
 
     if args.command == "cache":
@@ -197,6 +200,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(f"sensitivity: wrote {', '.join(map(str, write_sensitivity(config)))}")
         return 0
+    if args.command == "predict":
+        from batchfit.sweep.predict_job import run_predict
+
+        failed, line = run_predict(config, args.datasets or None)
+        print(line)
+        report = prediction_failure_report(config)
+        if report:
+            print(report, file=sys.stderr)
+        return 1 if failed else 0
     if args.command == "check":
         from batchfit.sweep.check import check_model
 

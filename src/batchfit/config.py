@@ -138,6 +138,38 @@ class ReportSettings:
     var_names: tuple[str, ...] | None = None
     filter_vars: str | None = None
     max_rows: int = 50
+    datasets: tuple[str, ...] = ()  # whose predicted curves are drawn, beside the first `first_datasets`
+    first_datasets: int = 4
+
+
+@dataclass(frozen=True)
+class PredictSettings:
+    """Predictions on new inputs from every fit (`batchfit.predictions`; config key `predict`, docs/predictions.md).
+
+    The new inputs come from one of `data` (files matched to datasets by id), `grid` (the same rows for
+    every dataset, by column: ``{start, stop, num}`` or a list of values) or `horizon` (steps the model
+    file's ``extend(data, horizon)`` adds); none: no predictions. `var_names`/`filter_vars` select the
+    predicted variables (None: every observed variable and deterministic). All but `x` (the report's x
+    axis) are part of each prediction's provenance digest, none of any fit's.
+    """
+
+    data: tuple[str, ...] | None = None
+    grid: Mapping[str, Any] | None = field(default=None, hash=False)
+    horizon: int | None = None
+    var_names: tuple[str, ...] | None = None
+    filter_vars: str | None = None
+    seed: int = 2026
+    x: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the sweep predicts: one of `data`, `grid` or `horizon` is given."""
+        return self.data is not None or self.grid is not None or self.horizon is not None
+
+    @property
+    def source(self) -> str:
+        """Which form gives the new inputs: "data", "grid" or "horizon"."""
+        return "data" if self.data is not None else "grid" if self.grid is not None else "horizon"
 
 
 @dataclass(frozen=True)
@@ -230,6 +262,7 @@ class Config:
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    predict: PredictSettings = field(default_factory=PredictSettings)  # not `enabled`: no predictions
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # build_model's keyword parameters
     # A sweep of variants (`batchfit.variants`): the raw overrides by id and the grid, as the file has them.
     variants: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -364,11 +397,20 @@ def _build(d: dict[str, Any], source: str) -> Config:
         d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})
     _check_sampler(config.sampler, source)
+    _check_predict(config.predict, source)
     _check_where(config.rows.where, source)
     if config.outputs.sensitivity and not config.outputs.log_likelihood:
         raise ConfigError("power-scaling sensitivity scales the likelihood too, so it needs each fit's "
                           "log-likelihood: set outputs.log_likelihood: true", key="outputs.sensitivity", source=source)
     return config
+
+
+def _check_predict(predict: PredictSettings, source: str) -> None:
+    """At most one source of new inputs (none: no predictions)."""
+    given = [name for name in ("data", "grid", "horizon") if getattr(predict, name) is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give the new inputs by one of data (files per dataset), grid (the same rows for every "
+                          f"dataset) or horizon, not {' and '.join(given)}", key="predict", source=source)
 
 
 def _check_where(where: str | None, source: str) -> None:

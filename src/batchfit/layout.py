@@ -16,12 +16,15 @@ FAILURES_CSV = "failures.csv"
 DATASETS_CSV = "datasets.csv"
 COMPARISON_CSV = "comparison.csv"
 SENSITIVITY_CSV = "sensitivity.csv"
+PREDICTIONS_CSV = "predictions.csv"
+PREDICTION_FAILURES_CSV = "prediction_failures.csv"
 # What a results_dir holds at its top level: a sweep of variants puts each variant's beside them
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
                             "data_sha256.json", "tables", "register", "summaries", "orphaned", "plots", "report", "sbc",
-                            "status.txt",
-                            SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
+                            "status.txt", "predictions", "predict_plan.json", "predict_status.txt", PREDICTIONS_CSV,
+                            PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV,
+                            COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,70 @@ class ResultsLayout:
     def report_pages(self) -> Path:
         """The HTML pages of Snakemake's report (`batchfit.outputs.report`)."""
         return self.root / "report"
+
+    # --- predictions on new inputs (`batchfit.predictions`): per dataset, per predict job, and the sweep's
+    @property
+    def predictions(self) -> Path:
+        return self.root / "predictions"
+
+    def prediction(self, dataset_id: str) -> Path:
+        """A dataset's predictions (NetCDF, ArviZ groups ``predictions`` and ``predictions_constant_data``)."""
+        return self.predictions / f"{dataset_id}.nc"
+
+    def prediction_sidecar(self, dataset_id: str) -> Path:
+        """The small JSON beside a prediction that records its provenance digest (read by the plan)."""
+        return self.predictions / f"{dataset_id}.json"
+
+    def prediction_rows(self, dataset_id: str) -> Path:
+        """A dataset's rows of predictions.csv, written with its predictions."""
+        return self.predictions / f"{dataset_id}.csv"
+
+    def prediction_failure(self, dataset_id: str) -> Path:
+        """A dataset whose prediction failed: its record (collected into prediction_failures.csv)."""
+        return self.predictions / "failed" / f"{dataset_id}.json"
+
+    @property
+    def predict_plan(self) -> Path:
+        """The predict batches the sweep's main process records for its jobs (`batchfit.sweep.predict_plan`)."""
+        return self.root / "predict_plan.json"
+
+    @property
+    def predict_manifests(self) -> Path:
+        return self.predictions / "batches"
+
+    def predict_manifest(self, batch_id: str) -> Path:
+        """A predict job's declared output: each dataset's outcome."""
+        return self.predict_manifests / f"{batch_id}.json"
+
+    def predict_log(self, batch_id: str) -> Path:
+        return self.logs / "predict" / f"{batch_id}.log"
+
+    def staged_predict_inputs(self, batch_id: str) -> Path:
+        """Without a shared filesystem: what a predict job reads (`batchfit.predictions.staging`)."""
+        return self.predictions / "staged" / batch_id
+
+    def predict_outputs(self, batch_id: str) -> Path:
+        """Without a shared filesystem: a predict job's own results directory, which collect_predictions adopts."""
+        return self.predictions / "outputs" / batch_id
+
+    @property
+    def predictions_csv(self) -> Path:
+        """A row per dataset, predicted variable and new row: the inputs, mean, sd and interval."""
+        return self.root / PREDICTIONS_CSV
+
+    @property
+    def prediction_failures_csv(self) -> Path:
+        return self.root / PREDICTION_FAILURES_CSV
+
+    @property
+    def prediction_verdict(self) -> Path:
+        """collect_predictions' verdict: the failed predictions, which the workflow's ``onsuccess`` prints last."""
+        return self.root / "predict_status.txt"
+
+    @property
+    def prediction_plots(self) -> Path:
+        """The report's predicted curves, a PNG per dataset drawn."""
+        return self.plots / "predictions"
 
     # --- a sweep of variants: each variant a sweep of its own under its id, compared at the top
     def variant(self, variant_id: str) -> ResultsLayout:

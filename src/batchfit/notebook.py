@@ -4,6 +4,7 @@
     data = batchfit.load_dataset("config.yaml", "store_003")   # the file as a fit job reads it; builds no model
     model = batchfit.build_model("config.yaml", "store_003")   # the model the sweep fits
     idata = pm.sample(model=model, nuts_sampler="nutpie")
+    preds = batchfit.predict("config.yaml", "store_003", {"x": [0.5, 1.0], "group": ["g01", "g01"]})
 
 So a model can be debugged, or a fit compared with ``pm.sample``, without a stand-in for ``data``.
 """
@@ -11,7 +12,7 @@ So a model can be debugged, or a fit compared with ``pm.sample``, without a stan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchfit.config import Config, load_config
 from batchfit.data.dataset import Dataset
@@ -23,6 +24,7 @@ from batchfit.variants import one_variant
 
 if TYPE_CHECKING:
     import pymc as pm
+    import xarray as xr
 
 
 def load_dataset(config_or_path: Config | str | Path, dataset_id: str, variant: str | None = None) -> Dataset:
@@ -65,3 +67,18 @@ def _config(config_or_path: Config | str | Path, variant: str | None) -> Config:
     """A Config as given, or loaded from a YAML file (relative paths in it: to the current directory); in a
     sweep of variants, ``variant``'s own."""
     return one_variant(config_or_path if isinstance(config_or_path, Config) else load_config(config_or_path), variant)
+
+
+def predict(config_or_path: Config | str | Path, dataset_id: str, new_data: Any = None,
+            variant: str | None = None) -> xr.DataTree:
+    """Predictions of ``dataset_id``'s fit on ``new_data``, as a predict job makes them (the same cached forward
+    function): the DataTree ``pm.sample_posterior_predictive(fit, model, predictions=True)`` returns, with
+    groups ``predictions`` and ``predictions_constant_data``. Nothing is written.
+
+    ``new_data``: a file, a mapping of column to values or a pandas DataFrame (text columns as labels), or a
+    `Dataset`; None: what the config's ``predict`` key gives the dataset (its new-data file, the grid, or the
+    model file's ``extend``). ``variant``: in a sweep of variants, which one's fit.
+    """
+    from batchfit.sweep.predict_job import predict_one
+
+    return predict_one(_config(config_or_path, variant), dataset_id, new_data)

@@ -35,7 +35,7 @@ def validated(data: Any, source: str) -> dict[str, Any]:
         jsonschema.Draft202012Validator(schema).iter_errors(filled),
         key=lambda e: (_key_path(e.absolute_path), e.validator),
     )
-    messages = [m for error in problems for m in _explain(error)]
+    messages = list(dict.fromkeys(m for error in problems for m in _explain(error)))  # one line per distinct problem
     reported = {key for key, _ in messages}
     messages.extend(m for m in _unrepresentable_numbers(filled, "") if m[0] not in reported)
     if messages:

@@ -14,6 +14,8 @@ from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.model.imports import user_import_files
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
+from batchfit.sweep.predict_plan import sweep_predict_plan, write_predict_plan
+from batchfit.predictions.new_data import new_data_files
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
 # batchfit's checks first: their messages name the key (with a did-you-mean) and the config file,
@@ -122,6 +124,7 @@ def record_plan():
     if not in_job():
         for variant, variant_config in CONFIGS.items():
             write_plan(variant_config, sweep(variant))
+        record_predict_plan()  # workflow/rules/predict.smk
 
 
 onstart:
@@ -225,3 +228,51 @@ def _sbc_plan(simulations_mtime_ns):
 def sbc_plan():
     stamp = Path(checkpoints.sbc_simulate.get().output[0])
     return _sbc_plan(stamp.stat().st_mtime_ns)
+
+
+# Predictions on new inputs (workflow/rules/predict.smk): the prediction plan, and the variants that predict
+# (the sweep's own config without variants).
+PREDICTING = [variant for variant, c in CONFIGS.items() if c.predict.enabled]
+
+
+@functools.cache
+def predict_sweep(variant=None):
+    """The prediction plan (a variant's); a job uses the one its sweep's main process recorded (`record_predict_plan`)."""
+    return sweep_predict_plan(CONFIGS[variant], job=in_job(), cores=sweep_cores())
+
+
+def record_predict_plan():
+    """Record the prediction plans for the predict jobs (the main process, when the run starts: `record_plan`)."""
+    if not in_job():
+        for variant in PREDICTING:
+            write_predict_plan(CONFIGS[variant], predict_sweep(variant))
+
+
+def predict_members(wildcards):
+    """The datasets of one predict batch, as planned; an unknown batch is an error naming the plan."""
+    try:
+        return list(predict_sweep(wildcards.get("variant")).batches[wildcards.batch])
+    except KeyError:
+        raise WorkflowError(
+            f"batch {wildcards.batch} is not in the sweep's prediction plan ({bf(wildcards).layout.predict_plan})"
+        )
+
+
+def predict_new_files(wildcards):
+    """The new-data files of one predict batch (predict.data): a changed one changes the batch's name."""
+    files = new_data_files(bf(wildcards))
+    return [here(files[d]) for d in predict_members(wildcards) if d in files]
+
+
+def predict_job_outputs(wildcards):
+    """Every pending predict job's declared output: its manifest, or without a shared filesystem its own directory."""
+    layout = bf(wildcards).layout
+    output = layout.predict_manifest if SHARED_FS else layout.predict_outputs
+    return [str(output(b)) for b in predict_sweep(wildcards.get("variant")).batches]
+
+
+def predict_paths(path):
+    """``path`` (a `LAYOUT` path) of every variant that predicts."""
+    if VARIANTS:
+        return [here(p) for p in expand(str(path), variant=PREDICTING)]
+    return [here(path)] if PREDICTING else []

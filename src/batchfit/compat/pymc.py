@@ -65,3 +65,24 @@ def step_competences(model: Any, methods: Sequence[type]) -> dict[str, dict[type
         # one competence per variable given (a list): one here
         found[rv.name] = {method: int(method._competence(rv, has_gradient)[0]) for method in methods}
     return found
+
+
+def forward_volatility() -> Any:
+    """PyMC's steps of ``pm.sample_posterior_predictive`` that decide what is drawn anew and what is
+    taken from the draws, as a namespace: ``build_constant_data(trace_constant_data, trace_coords,
+    model)``, ``compute_volatile_vars(fgraph, *, vars_in_trace, rvs, constant_data, volatile_vars,
+    freeze_vars)`` and ``warn_implicit_freeze(**...)``.
+
+    ``pymc/sampling/forward.py`` (pymc 6.4): ``_build_constant_data``, ``_compute_volatile_vars``
+    and ``_maybe_warn_implicit_freeze``, private helpers that ``sample_posterior_predictive`` calls
+    inline; batchfit's predictions (`batchfit.predictions.forward_plan`) call the same ones, so that
+    what they resample and what they copy is PyMC's decision for the same model and data, not a
+    re-statement of it.
+    """
+    from types import SimpleNamespace
+
+    from pymc.sampling import forward
+
+    return SimpleNamespace(build_constant_data=forward._build_constant_data,
+                           compute_volatile_vars=forward._compute_volatile_vars,
+                           warn_implicit_freeze=forward._maybe_warn_implicit_freeze)

@@ -85,11 +85,15 @@ class JobInputs:
     def _manifest(self) -> dict:
         """The staged manifest, read once per job (a frozen dataclass still takes a cached property)."""
         assert self.staged is not None
-        path = self.staged / _MANIFEST
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
+        return read_staged(self.staged / _MANIFEST)
+
+
+def read_staged(path: Path) -> dict:
+    """A staged manifest; an unreadable one says to stage the job's inputs again."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BatchfitError(f"the job's staged inputs {path} are unreadable ({exc}); stage them again") from exc
 
 
 # A job that sees the sweep's data and results directory, and has no compiled bundle.
@@ -124,7 +128,7 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
             continue
         source = Path(datasets[dataset_id])
         files[dataset_id] = f"{_DATA}/{dataset_id}{''.join(source.suffixes)}"
-        _link_or_copy(source, directory / files[dataset_id])
+        link_or_copy(source, directory / files[dataset_id])
     tables = []
     as_text = {name for name, column in config.columns.items() if column.label}
     for number, (table, members_of) in enumerate(wanted.items()):
@@ -139,7 +143,7 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
         if Path(side.table).is_dir():
             shutil.copytree(side.table, target, dirs_exist_ok=True)
         else:
-            _link_or_copy(Path(side.table), target)
+            link_or_copy(Path(side.table), target)
         values.append(str(target.relative_to(directory)))
     shutil.copyfile(registry, directory / _REGISTRY)
     sweep_files = [d for d in datasets if index.group(d) is None]
@@ -148,7 +152,9 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link ``source`` to ``target`` (replacing it), or copy it where the filesystem cannot link."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
     try:
         os.link(source, target)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
@@ -24,17 +24,24 @@ from batchfit.layout import ResultsLayout
 log = logging.getLogger("batchfit")
 
 
+def job_output(directory: str | Path, manifests: Callable[[ResultsLayout], Path], kind: str
+               ) -> tuple[ResultsLayout, Path, list[str]]:
+    """A job's own results directory: its layout, its one manifest (in the ``manifests`` directory of it) and the
+    datasets the manifest lists; anything else is an error naming the ``kind`` of job."""
+    job = ResultsLayout(Path(directory))
+    found = sorted(manifests(job).glob("*.json"))
+    if len(found) != 1:
+        raise BatchfitError(f"{directory} is not a {kind} job's output directory: it holds {len(found)} "
+                            "batch manifests, not one")
+    return job, found[0], list(json.loads(found[0].read_text())["datasets"])
+
+
 def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]) -> int:
     """Copy each job's fits, failure records and manifest from ``directories`` into ``layout``; the number of fits."""
     fits = 0
-    for directory in map(Path, directories):
-        job = ResultsLayout(directory)
-        manifests = sorted(job.batches.glob("*.json"))
-        if len(manifests) != 1:
-            raise BatchfitError(f"{directory} is not a fit job's output directory: it holds {len(manifests)} "
-                                "batch manifests, not one")
-        adopted = list(json.loads(manifests[0].read_text())["datasets"])
-        touching(layout, f"adopted-{manifests[0].stem}", adopted)
+    for directory in directories:
+        job, manifest, adopted = job_output(directory, lambda job: job.batches, "fit")
+        touching(layout, f"adopted-{manifest.stem}", adopted)
         for dataset_id in adopted:
             if job.fit(dataset_id).exists():
                 _adopt_fit(layout, job, dataset_id)
@@ -42,8 +49,8 @@ def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]
             elif job.failure(dataset_id).exists():
                 layout.fit(dataset_id).unlink(missing_ok=True)
                 layout.sidecar(dataset_id).unlink(missing_ok=True)
-                _copy(job.failure(dataset_id), layout.failure(dataset_id))
-        _copy(manifests[0], layout.batch_manifest(manifests[0].stem))
+                copy_file(job.failure(dataset_id), layout.failure(dataset_id))
+        copy_file(manifest, layout.batch_manifest(manifest.stem))
     if fits:
         log.info("adopted %d fit(s) from the fit jobs' own output directories", fits)
     return fits
@@ -56,11 +63,12 @@ def _adopt_fit(layout: ResultsLayout, job: ResultsLayout, dataset_id: str) -> No
     except (OSError, ValueError, KeyError) as exc:
         raise BatchfitError(f"the fit of '{dataset_id}' in {job.root} has no readable sidecar ({exc})") from exc
     layout.sidecar(dataset_id).unlink(missing_ok=True)
-    _copy(job.fit(dataset_id), layout.fit(dataset_id))
+    copy_file(job.fit(dataset_id), layout.fit(dataset_id))
     record_digest(layout, dataset_id, digest)
     layout.failure(dataset_id).unlink(missing_ok=True)
 
 
-def _copy(source: Path, target: Path) -> None:
+def copy_file(source: Path, target: Path) -> None:
+    """Copy ``source`` onto ``target`` atomically (a reader never sees half of it)."""
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)

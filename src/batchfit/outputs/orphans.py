@@ -18,13 +18,14 @@ from batchfit.layout import ResultsLayout
 
 log = logging.getLogger("batchfit")
 
-# The files one dataset owns, by directory of the layout: the fit and its sidecar, its failure record.
-_OWNED = (("fits", (".nc", ".json")), ("failures", (".json",)))
+# The files one dataset owns, by directory of the layout: the fit and its sidecar, its failure record, its
+# predictions with their sidecar and rows.
+_OWNED = (("fits", (".nc", ".json")), ("failures", (".json",)), ("predictions", (".nc", ".json", ".csv")))
 
 
 def move_orphans(layout: ResultsLayout, dataset_ids: Collection[str]) -> list[str]:
-    """Move the fits, sidecars and failure records of datasets not in ``dataset_ids`` to
-    ``orphaned/fits/`` and ``orphaned/failures/``; return those datasets' ids (sorted).
+    """Move the fits, sidecars, failure records and predictions of datasets not in ``dataset_ids`` to
+    ``orphaned/fits/``, ``orphaned/failures/`` and ``orphaned/predictions/``; return those datasets' ids (sorted).
 
     A file of the same name already there is replaced: the newer one is the one worth keeping.
     Temporary files of writes under way (named with a leading dot) are left alone.

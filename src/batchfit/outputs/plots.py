@@ -107,7 +107,7 @@ def reason_counts(datasets: pd.DataFrame) -> dict[str, int]:
 
 def plot_health(health: SweepHealth, path: Path) -> None:
     """Write `health_figure` to `path`."""
-    _save(health_figure(health), path)
+    save_figure(health_figure(health), path)
 
 
 def health_figure(health: SweepHealth) -> Figure:
@@ -284,7 +284,7 @@ def write_plots(config: Config) -> list[Path]:
     forests = forest_rows(config.layout.posteriors, config.report, config.summary)
     for name, rows in forests.items():
         written.append(forest_dir / plot_file_name(name))
-        _save(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
+        save_figure(forest_figure(rows, max_rows=config.report.max_rows, summary=config.summary), written[-1])
     if not forests:
         log.warning("plots: no forest plot: %s", nothing_to_draw(config.layout.posteriors))
     return written
@@ -314,7 +314,7 @@ def copy_sbc_plots(sources: Sequence[str | Path], sbc_dir: str | Path, out: str 
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _save(fig: Figure, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """Write a figure atomically, as every output of a sweep (a `Figure` without pyplot: nothing to close)."""
     with atomic_path(path) as tmp:
         # Not bbox_inches="tight": the constrained layout already fits the figure to its

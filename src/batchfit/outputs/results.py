@@ -10,7 +10,7 @@ import xarray as xr
 
 from batchfit.config import Config, load_config
 from batchfit.layout import ResultsLayout
-from batchfit.outputs.combined import DATASET_DIM, DATASETS, POSTERIOR, dataset_posterior
+from batchfit.outputs.combined import DATASET_DIM, POSTERIOR
 from batchfit.variants import one_variant, variant_configs
 
 # datasets.csv's integer columns, empty for a failed dataset: read as pandas' nullable integers, since
@@ -41,21 +41,39 @@ class Results:
         return [str(d) for d in self.tree[POSTERIOR][DATASET_DIM].values]
 
     def dataset(self, dataset_id: str) -> xr.DataTree:
-        """One dataset's posterior as a DataTree ArviZ takes, without the padding of the stacked file.
+        """One dataset's whole fit, ``fits/{id}.nc`` read into memory: its posterior (every kept variable),
+        constant and observed data, sample stats and the fit's attributes.
 
-        Its ``posterior`` equals that of ``fits/{id}.nc`` (the variables `summary.var_names`
-        selects); its attributes are the fit's.
+        What ``pm.sample_posterior_predictive`` needs to tell new data from the fit's (its ``constant_data``),
+        so that predicting with it on a model built on new data warns only of what changed.
         """
         if dataset_id not in self.dataset_ids:
             raise KeyError(f"dataset {dataset_id!r} has no posterior in {ResultsLayout(self.results_dir).posteriors} "
                            f"(failed: {dataset_id in set(self.failures['dataset'])})")
-        info = self.tree[DATASETS].to_dataset()
-        posterior = dataset_posterior(self.tree[POSTERIOR].to_dataset(), info, dataset_id)
-        row = info.sel({DATASET_DIM: dataset_id})
-        attrs = {str(k): str(v.values) for k, v in row.data_vars.items() if v.dtype.kind in "OUS"}
-        tree = xr.DataTree.from_dict({POSTERIOR: posterior}, name=dataset_id)
-        tree.attrs = attrs
-        return tree
+        with xr.open_datatree(ResultsLayout(self.results_dir).fit(dataset_id)) as tree:
+            return tree.load().copy()
+
+    def predictions(self, dataset_id: str) -> xr.DataTree:
+        """One dataset's predictions on its new inputs (``predictions/{id}.nc``, config key ``predict``), read into
+        memory: groups ``predictions`` and ``predictions_constant_data``, as ``pm.sample_posterior_predictive(...,
+        predictions=True)`` returns them."""
+        path = ResultsLayout(self.results_dir).prediction(dataset_id)
+        if not path.is_file():
+            failed = ResultsLayout(self.results_dir).prediction_failure(dataset_id).is_file()
+            raise KeyError(f"dataset {dataset_id!r} has no predictions ({path} is missing; failed: {failed})")
+        with xr.open_datatree(path) as tree:
+            return tree.load().copy()
+
+    def has_predictions(self, dataset_id: str) -> bool:
+        return ResultsLayout(self.results_dir).prediction(dataset_id).is_file()
+
+    @property
+    def prediction_table(self) -> pd.DataFrame:
+        """predictions.csv: a row per dataset, predicted variable and new row (empty without predictions)."""
+        path = ResultsLayout(self.results_dir).predictions_csv
+        if not path.is_file():
+            return pd.DataFrame()
+        return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"row": "Int64"})
 
     def close(self) -> None:
         self.tree.close()
@@ -100,6 +118,11 @@ class VariantResults:
         """One dataset's posterior in each variant that fitted it, a child per variant (`Results.dataset`)."""
         return xr.DataTree.from_dict({variant: r.dataset(dataset_id) for variant, r in self.variants.items()
                                       if dataset_id in r.dataset_ids}, name=dataset_id)
+
+    def predictions(self, dataset_id: str) -> xr.DataTree:
+        """One dataset's predictions in each variant that predicted it, a child per variant (`Results.predictions`)."""
+        return xr.DataTree.from_dict({variant: r.predictions(dataset_id) for variant, r in self.variants.items()
+                                      if r.has_predictions(dataset_id)}, name=dataset_id)
 
     def _stacked(self, table: str) -> pd.DataFrame:
         return pd.concat([getattr(r, table).assign(variant=variant)[["variant", *getattr(r, table).columns]]

@@ -21,6 +21,7 @@ from batchfit.fitting.fit_register import FIT, FitRegister, files_entry, settle
 from batchfit.fitting.provenance import expected_digests, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
+from batchfit.predictions.provenance import predict_parts
 
 log = logging.getLogger("batchfit")
 
@@ -180,8 +181,9 @@ def compile_stamp_path(config: Config) -> Path:
     """Where the compile stage records that the cache holds this model: inside the cache.
 
     Named by the content of the model file and of the user modules it imports, build_model's parameters,
-    the CPU target and the library versions, so a sweep whose results were deleted (or a second sweep of the same
-    model) finds the cache already filled and Snakemake skips the compile job; a changed model
+    the CPU target, the library versions and the ``predict`` settings (the bundle holds the predictions'
+    forward function: `batchfit.predictions.ahead`), so a sweep whose results were deleted (or a second sweep
+    of the same model) finds the cache already filled and Snakemake skips the compile job; a changed model
     or helper module, or an upgrade, compiles again.
     """
     from importlib.metadata import version
@@ -190,7 +192,8 @@ def compile_stamp_path(config: Config) -> Path:
     parts = [Path(config.model).read_bytes(), json.dumps(user_imports(config.model)).encode(), __version__.encode(),
              json.dumps(config.params, sort_keys=True).encode(),  # a constant parameter is another structure
              config.cache.cpu_target.encode(),
-             *(f"{name}={version(name)}".encode() for name in LIBRARIES)]
+             *(f"{name}={version(name)}".encode() for name in LIBRARIES),
+             *([json.dumps(predict_parts(config).parts["predict"]).encode()] if config.predict.enabled else [])]
     digest = hashlib.sha256(b"\n".join(parts)).hexdigest()[:20]
     return Path(config.cache_dir) / "batchfit" / "compiled" / f"{Path(config.model).stem}-{digest}.json"
 

@@ -29,6 +29,7 @@ from batchfit.outputs import summary_helpers
 from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
 from batchfit.outputs.orphans import move_orphans
+from batchfit.predictions.ahead import compile_forward_ahead
 from batchfit.sweep.plan import batch_id, plan
 from batchfit.sweep.sbc.ranks import SBCResult, rank_simulations
 from batchfit.sweep.sbc.simulate import simulate
@@ -61,41 +62,44 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
     structure = fitter.reference
     # a sampler setting the reference's path cannot honour stops the sweep here, before any fit job
     fitter.check_settings(structure, ref.model, ref.dataset, reference=True)
+    measured, tree = measure_fit(config, fitter)
+    forward = compile_forward_ahead(config, ref, cache, tree) if tree is not None else None
     stamp = {"key": structure.key, "structure": structure.id, "path": structure.path,
              "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
-             "reference_fit": measure_fit(config, fitter)}
+             "reference_fit": measured, "forward_key": forward}
     if bundle is not None:  # after the measured fit, which may fill PyTensor's cache further
-        entries = {structure.key: read_entry(cache, structure.key)} if structure.compiled is not None else {}
+        keys = [structure.key] if structure.compiled is not None else []
+        entries = {key: read_entry(cache, key) for key in [*keys, *([forward] if forward else [])]}
         outputs = config.outputs.log_likelihood or config.outputs.posterior_predictive
         write_bundle(cache, entries, bundle, shared_caches=outputs)
     return stamp
 
 
-def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
+def measure_fit(config: Config, fitter: Any) -> tuple[dict[str, Any] | None, Any]:
     """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
 
     ``fitter`` holds the reference structure, just compiled. One thread and the compiling
-    process's memory: both err on the large side for a fit job. None when the fit fails: that
-    dataset's own fit job records the failure, and the jobs get default resources.
+    process's memory: both err on the large side for a fit job. Returns the measurement and the fit
+    (the forward function of the predictions compiles from it), or (None, None) when the fit fails:
+    that dataset's own fit job records the failure, and the jobs get default resources.
     """
-
-
     ref = fitter.ref.dataset
     start = time.perf_counter()
     try:
-        fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
-                      provenance=fitter.provenance(ref.id))
+        tree = fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
+                             provenance=fitter.provenance(ref.id))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
         after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
         log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
                 "measuring a fit of %s failed (%s); fit jobs get default resources", ref.id, one_line(exc),
                 exc_info=None if is_expected(exc) else exc)
-        return None
+        return None, None
     seconds = time.perf_counter() - start
     log.info("reference fit of %s in %.1f s", ref.id, seconds)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s = config.sampler
-    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune, "chains": s.chains}
+    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune,
+            "chains": s.chains}, tree
 
 
 def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:

@@ -67,20 +67,43 @@ def write_verdict(config: Config) -> str | None:
     return report
 
 
+def prediction_failure_report(config: Config) -> str | None:
+    """The failed predictions of prediction_failures.csv, one line per distinct reason; None when none failed."""
+    try:
+        with open(config.layout.prediction_failures_csv, newline="") as file:
+            reasons = {row["dataset"]: failure_reason(row) for row in csv.DictReader(file)}
+    except (OSError, KeyError, csv.Error):
+        return None
+    if not reasons:
+        return None
+    return "\n".join([f"batchfit: {len(reasons)} prediction(s) failed:",
+                      *(f"  {line}" for line in grouped_lines(reasons)),
+                      f"batchfit: each failed prediction: {config.layout.prediction_failures_csv}"])
+
+
+def write_prediction_verdict(config: Config) -> str | None:
+    """collect_predictions' share of the verdict (`prediction_failure_report`), for `end_of_run`."""
+    report = prediction_failure_report(config)
+    with atomic_path(config.layout.prediction_verdict) as tmp:
+        tmp.write_text((report or f"{_OK}batchfit: every prediction was made") + "\n")
+    return report
+
+
 def end_of_run(config: Config) -> tuple[int, str]:
     """The exit status and last lines of a Snakemake run (its ``onsuccess``): 1 and the failure report when
-    the status rule found failed datasets, else 0 and nothing.
+    the status rule found failed datasets (or collect_predictions failed predictions), else 0 and nothing.
 
     The status rule itself never fails: a failed rule's traceback made a finished sweep look like a
     crash. Its verdict is removed once reported, so that the next run checks again rather than report
     an old verdict (and a run of another target, such as ``snakemake sbc``, finds none).
     """
-    path = config.layout.status_verdict
-    try:
-        text = path.read_text()
-    except OSError:
-        return 0, ""
-    if text.startswith(_OK):
-        return 0, ""
-    path.unlink(missing_ok=True)
-    return 1, text.rstrip("\n")
+    reports = []
+    for path in (config.layout.status_verdict, config.layout.prediction_verdict):
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if not text.startswith(_OK):
+            path.unlink(missing_ok=True)
+            reports.append(text.rstrip("\n"))
+    return (1, "\n".join(reports)) if reports else (0, "")

@@ -1,0 +1,11 @@
+"""Snakemake rule `collect_predictions`: predictions.csv and prediction_failures.csv for the whole sweep."""
+import logging
+
+from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.predict_job import run_collect_predictions
+from batchfit.sweep.snakemake_job import log_to, snakemake_config
+
+config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
+with log_to(snakemake.log[0]):
+    logging.getLogger("batchfit").info(run_collect_predictions(config, snakemake.input.get("outputs", [])))
+quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown

@@ -1,0 +1,90 @@
+"""Provenance of a prediction: a digest of everything that determines it, recorded with it and checked.
+
+A dataset's prediction is determined by its fit (the fit's own provenance digest, which covers the
+model file, the data, the settings and the code that fitted it), its new inputs (the new-data file's
+content; a grid's or a horizon's settings), the ``predict`` settings (all but ``x``, which only the
+report reads) and the code that predicts (``batchfit/predictions``). A dataset's prediction is pending when
+the digest it recorded (a sidecar ``predictions/{id}.json`` beside ``predictions/{id}.nc``, and the
+file's root attribute ``provenance``) differs from the expected one: a refit or changed new inputs
+re-predict that dataset only, and new inputs alone refit nothing (they are in no fit's digest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from batchfit.common.hashing import package_sources, sources_digest
+from batchfit.config import Config
+from batchfit.fitting.provenance import DigestCache, Provenance, SweepParts, versions
+from batchfit.layout import ResultsLayout
+
+# The code a prediction comes from, besides what its fit's digest covers.
+PREDICT_CODE = ("predictions",)
+
+
+@functools.cache
+def predict_code_sha256() -> str:
+    return sources_digest(package_sources(*PREDICT_CODE))
+
+
+def predict_parts(config: Config) -> SweepParts:
+    """The parts every dataset's prediction shares."""
+    settings = dataclasses.asdict(config.predict)
+    settings.pop("x", None)  # the report's axis, not the predictions'
+    return SweepParts({"predict": json.loads(json.dumps(settings, default=list)), "predict_code": predict_code_sha256(),
+                       "versions": versions()})
+
+
+def prediction_provenance(parts: SweepParts, dataset_id: str, fit_digest: str, inputs_sha256: str) -> Provenance:
+    """One dataset's prediction provenance: the shared parts, its fit's digest and its new inputs' sha256
+    ('' for a grid or a horizon, which the shared parts hold)."""
+    return Provenance(parts, {"dataset": dataset_id, "fit": fit_digest, "inputs_sha256": inputs_sha256})
+
+
+def expected_prediction_digests(config: Config, fit_digests: Mapping[str, str], new_files: Mapping[str, Path],
+                                predicted: list[str], *, record: bool = True) -> dict[str, str]:
+    """The expected digest of each dataset in ``predicted``: from its expected fit digest (``fit_digests``;
+    '' for an id with no dataset) and, with ``predict.data``, its new file's sha256 (through the data files'
+    digest cache, so unchanged files are not hashed again)."""
+    parts = predict_parts(config)
+    cache = DigestCache(config.layout.data_digests)
+    digests = {d: prediction_provenance(parts, d, fit_digests.get(d, ""),
+                                        cache.sha256(new_files[d]) if d in new_files else "").digest
+               for d in predicted}
+    if record:
+        cache.save()
+    return digests
+
+
+def record_prediction(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
+    """Write the sidecar of a prediction just written: its digest, and the file's size and modification time."""
+    stat = layout.prediction(dataset_id).stat()
+    data = {"dataset": dataset_id, "provenance": digest, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    layout.prediction_sidecar(dataset_id).write_text(json.dumps(data, indent=1))
+
+
+def recorded_prediction(layout: ResultsLayout, dataset_id: str) -> str | None:
+    """The digest of a dataset's prediction: None without one; from its sidecar when that describes this file,
+    else from the file itself."""
+    path = layout.prediction(dataset_id)
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    try:
+        side = json.loads(layout.prediction_sidecar(dataset_id).read_text())
+        if [side["size"], side["mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
+            return side["provenance"]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    try:
+        import netCDF4
+
+        with netCDF4.Dataset(path) as nc:
+            return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
+    except OSError:
+        return None

@@ -1,0 +1,68 @@
+"""What a predict job writes per dataset: the predictions, their rows and sidecar, or the failure; the job's manifest.
+
+A dataset's rows of predictions.csv are written first, then its predictions atomically
+(``predictions/{id}.nc``, the file ``DataTree.to_netcdf(engine="netcdf4")`` writes, by
+`batchfit.fitting.fit_file.write_fit`), then the sidecar with its provenance digest: a job killed in
+between leaves no prediction, or one without a sidecar, which the plan then reads itself. A failure removes the
+dataset's older predictions (stale now) and records why in ``predictions/failed/{id}.json``, in the
+format of a fit's failure record (`batchfit.fitting.outcome`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from batchfit.common.atomic import atomic_path
+from batchfit.config import Config
+from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.outcome import Outcome
+from batchfit.layout import ResultsLayout
+from batchfit.predictions.predictor import Prediction
+from batchfit.predictions.provenance import record_prediction
+from batchfit.predictions.table import input_columns, prediction_rows
+
+
+def write_prediction(config: Config, dataset_id: str, prediction: Prediction, digest: str) -> None:
+    """Write one dataset's rows, predictions and sidecar (in that order), and drop its failure record.
+
+    The old predictions go first: their rows are then rewritten in place (a torn rows file is never beside
+    a complete prediction), and the predictions come atomically, the sidecar last."""
+    layout = config.layout
+    layout.prediction_sidecar(dataset_id).unlink(missing_ok=True)
+    layout.prediction(dataset_id).unlink(missing_ok=True)
+    inputs = prediction.inputs
+    rows = prediction_rows(dataset_id, prediction.tree["predictions"].to_dataset(),
+                           input_columns(inputs, prediction.read, prediction.filled), inputs.n_rows, config.summary)
+    layout.predictions.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(layout.prediction_rows(dataset_id), index=False)
+    prediction.tree.attrs["provenance"] = digest
+    write_fit(prediction.tree, layout.prediction(dataset_id))
+    record_prediction(layout, dataset_id, digest)
+    layout.prediction_failure(dataset_id).unlink(missing_ok=True)
+
+
+def record_failed_prediction(config: Config, outcome: Outcome, path: Path | None) -> None:
+    """Record why a dataset's prediction failed, and remove its older predictions."""
+    layout = config.layout
+    for stale in (layout.prediction_sidecar, layout.prediction, layout.prediction_rows):
+        stale(outcome.dataset).unlink(missing_ok=True)
+    record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
+              "error_type": outcome.error_type, "message": outcome.message, "reason": outcome.reason,
+              "traceback": outcome.traceback}
+    target = layout.prediction_failure(outcome.dataset)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(target) as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+
+
+def write_predict_manifest(layout: ResultsLayout, batch_id: str, lines: Sequence[str],
+                           outcomes: Sequence[Outcome]) -> None:
+    """A predict job's declared output: how its forward functions were obtained, and each dataset's outcome."""
+    data = {"batch": batch_id, "forward": list(lines), "datasets": {o.dataset: dataclasses.asdict(o) for o in outcomes}}
+    target = layout.predict_manifest(batch_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(target) as tmp:
+        tmp.write_text(json.dumps(data, indent=1))
