@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -129,8 +132,42 @@ def _config_option(parser: argparse.ArgumentParser, *, variant: bool = True) -> 
                                                             "to work on (status: default every variant)")
 
 
+# The exit status of a command whose output was closed early: a shell's for a process ended by SIGPIPE
+# (128 + 13), what ``yes | head -1`` gives ``yes``.
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``batchfit`` command."""
+    """Entry point of the ``batchfit`` command.
+
+    Output closed early (``batchfit status ... | head -4``) ends it quietly, as Unix tools end: no
+    traceback, exit status `EXIT_OUTPUT_CLOSED`. Its output is flushed here, so that a closed pipe is
+    met inside this function rather than in the interpreter's exit.
+    """
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # later flushes (the exit's) write nowhere instead of raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("batchfit").setLevel(logging.INFO)
