@@ -27,9 +27,12 @@ import select
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from batchfit.errors import BatchfitError, ModelCodeError
+
+if TYPE_CHECKING:
+    from batchfit.config import Config
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -129,7 +132,7 @@ def _config_option(parser: argparse.ArgumentParser, *, variant: bool = True) -> 
                                                         "current directory)")
     if variant:  # compare takes every variant
         parser.add_argument("--variant", metavar="ID", help="in a sweep of variants (docs/variants.md), the variant "
-                                                            "to work on (status: default every variant)")
+                                                            "to work on (status and check: default every variant)")
 
 
 # The exit status of a command whose output was closed early: a shell's for a process ended by SIGPIPE
@@ -216,6 +219,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(f"compare: wrote {', '.join(map(str, write_comparison(config)))}")
         return 0
+    if args.command == "check":
+        return _check(config, args.variant)
     config = one_variant(config, args.variant)
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
@@ -231,12 +236,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(f"sensitivity: wrote {', '.join(map(str, write_sensitivity(config)))}")
         return 0
-    if args.command == "check":
-        from batchfit.sweep.check import check_model
-
-        report = check_model(config)
-        print("\n".join(report.lines()))
-        return 0 if report.ok else 1
     if args.command in ("compile", "run"):
         stamp = pipeline.run_compile(config, workers=args.threads)
         print(stamp["line"])
@@ -251,6 +250,30 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(failed_report, file=sys.stderr)
             return 1
     return 0
+
+
+def _check(config: Config, variant: str | None) -> int:
+    """``batchfit check``: the config's datasets and model; in a sweep of variants every variant's, a section
+    each (only ``variant``'s when given). Exit 1 when any has a problem."""
+    from batchfit.compile.cputarget import apply_cpu_target
+    from batchfit.sweep.check import check_model
+    from batchfit.variants import configs_of, one_variant
+
+    configs = {variant: one_variant(config, variant)} if variant is not None else configs_of(config)
+    problems = []
+    for name, variant_config in configs.items():
+        apply_cpu_target(variant_config.cache.cpu_target, str(config.source))
+        report = check_model(variant_config)
+        lines = report.lines()
+        if name is not None:
+            lines = [f"variant {name} ({variant_config.results_dir}):", *(f"  {line}" for line in lines)]
+        print("\n".join(lines), flush=True)
+        if not report.ok:
+            problems.append(name)
+    if len(configs) > 1:
+        print(f"check: {len(configs)} variants, " + (f"problems in {len(problems)}: {', '.join(problems)}"
+                                                    if problems else "every one ok"))
+    return 1 if problems else 0
 
 
 def _debug(args: argparse.Namespace, config: object) -> int:
