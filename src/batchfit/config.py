@@ -127,9 +127,9 @@ class SummarySettings:
 class ReportSettings:
     """What the sweep report's forest plots show (the `plots` rule; `report.*` in the config).
 
-    `var_names` None: the scalar free parameters, or the vector ones, or the deterministics
-    (`batchfit.outputs.plots.default_forest_variables`). Variables are chosen among those posteriors.nc
-    holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
+    `var_names` None: the scalar deterministics, or the scalar free parameters, or the vector ones, or the
+    vector deterministics (`batchfit.outputs.plots.default_forest_variables`). Variables are chosen among
+    those posteriors.nc holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
     x element) is drawn as a summary view, its intervals sorted by mean, without a label per row.
     Read by the plots rule only, so not in the provenance digest: changing it refits nothing.
     """
