@@ -138,11 +138,18 @@ def test_open_results_stacks_the_variants_and_status_and_compare_commands_take_t
     status = subprocess.run([sys.executable, "-m", "batchfit.cli", "status", "--config", variant_sweep.name],
                             cwd=variant_sweep.parent, capture_output=True, text=True, timeout=300)
     assert status.returncode == 0, status.stderr
-    assert [line for line in status.stdout.splitlines() if not line.startswith("    ")] == [
+    health = {}  # each variant's health line: datasets.csv's counts
+    for variant in VARIANTS:
+        statuses = pd.read_csv(results / variant / "datasets.csv")["status"]
+        health[variant] = f"  3 fitted: {(statuses == 'ok').sum()} ok, {(statuses == 'warning').sum()} warning"
+    lines = [line for line in status.stdout.splitlines() if not line.startswith("    ")]
+    assert [lines[0], lines[1], lines[3], lines[4], lines[5], lines[7]] == [
         "variant normal (results/normal):", "  3 dataset(s): 3 fitted, 0 pending, 0 failed",
         "  time left: none, nothing is pending",
         "variant student (results/student):", "  3 dataset(s): 3 fitted, 0 pending, 0 failed",
         "  time left: none, nothing is pending"]
+    for line, variant in ((lines[2], "normal"), (lines[6], "student")):
+        assert line.startswith(health[variant]) and line.endswith(f"(results/{variant}/datasets.csv)"), line
     shutil.copytree(variant_sweep.parent, tmp_path / "copy")  # the command line's compare: the rule's table
     again = subprocess.run([sys.executable, "-m", "batchfit.cli", "compare", "--config", variant_sweep.name],
                            cwd=tmp_path / "copy", capture_output=True, text=True, timeout=300)

@@ -129,24 +129,27 @@ onstart:
 
 
 def end_run(error=False):
-    """End the run: print the status rule's verdict last, and exit non-zero when datasets failed
-    (`batchfit.sweep.verdict.end_of_run`); and let Snakemake exit as soon as the run ends, not a
+    """End the run with the status rule's verdict as its last lines, success or not: how many datasets were
+    fitted and how healthy, and which failed (`batchfit.sweep.verdict.end_of_run`), exiting non-zero when
+    datasets failed or (`error=True`) a job did; and let Snakemake exit as soon as the run ends, not a
     second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`).
 
     A function, so that a project using this workflow as a module can call it from its own
-    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in `onsuccess:`,
-    since with failed datasets it ends the process. After a failed job (`error=True`) it prints the
-    verdict, if there is one, and leaves the exit to Snakemake.
+    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in both, since it
+    ends the process. A run that wrote no verdict (a job failed before the status rule, or a target
+    without it, such as `snakemake sbc`) is left to end as Snakemake ends it.
     """
     from batchfit.sweep.verdict import end_of_run  # here: parsing the Snakefile waits for no more imports
 
     end_snakemake_rate_timers()
-    ends = [end_of_run(variant_config) for variant_config in CONFIGS.values()]
+    ends = [end_of_run(c, since=workflow.start_time.timestamp()) for c in CONFIGS.values()]
     code, verdict = max(c for c, _ in ends), "\n".join(v for _, v in ends if v)
-    if verdict and error:
-        print(verdict, file=sys.stderr)
-    elif verdict:
-        exit_run(code, verdict)
+    if not verdict:
+        return
+    if error:
+        logs = ", ".join(map(str, workflow.logger_manager.get_logfile())) or "none"
+        code, verdict = 1, f"{verdict}\nbatchfit: a job failed, its error is above (Snakemake's log: {logs})"
+    exit_run(code, verdict)
 
 
 onsuccess:

@@ -30,6 +30,9 @@ class Outcome:
     reason: str = ""  # a failure's message without the dataset: alike for datasets that fail alike
     rows: int | None = None  # the dataset's rows, once it was loaded
     groups: str = ""  # its distinct labels per text column (`format_groups`), once it was loaded
+    # a fitted dataset's health thresholds crossed that its sampler's statistics decide (divergences, tree
+    # depth, E-BFMI) and its rows (`batchfit.fitting.sampler_health.sampler_reasons`); R-hat and ESS: collect's
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
