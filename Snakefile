@@ -34,6 +34,7 @@ localrules:
     plots,
     report_pages,
     sbc_plots,
+    refit_plan,
 
 
 rule all:

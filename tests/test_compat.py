@@ -385,3 +385,38 @@ def test_scipy_spline_keeps_the_tck_splev_evaluates(k):
     x = np.linspace(-0.5, 1.5, 41)
     assert degree == k and t.dtype == c.dtype == np.float64
     np.testing.assert_array_equal(splev(x, (t, c, degree), ext=spline.ext), spline(x))
+
+
+@pytest.mark.parametrize("strata", [None, np.array(["a", "b", "b", "a", "c", "b", "a", "a", "c", "b", "a"])])
+def test_kfold_folds_are_the_ones_arviz_stats_loo_kfold_draws(strata):
+    """`compat.arviz_stats.kfold_folds`: loo_kfold's own splitters, as it calls them for k, stratify_by and
+    seed; loo_kfold (save_fits) says which rows each of its folds held out."""
+    import arviz_stats
+    import xarray as xr
+    from arviz_base import from_dict
+    from arviz_stats.loo import SamplingWrapper
+
+    from batchfit.compat.arviz_stats import kfold_folds
+
+    n, k, seed = 11, 4, 5
+    tree = from_dict({"posterior": {"mu": np.zeros((1, 20))},
+                      "log_likelihood": {"y": np.zeros((1, 20, n))}})
+
+    class Recorded(SamplingWrapper):  # no refit: loo_kfold only has to say which rows it holds out
+        def sel_observations(self, idx):
+            return idx, idx
+
+        def sample(self, modified_observed_data):
+            return modified_observed_data
+
+        def get_inference_data(self, fitted_model):
+            return fitted_model
+
+        def log_likelihood__i(self, excluded_obs, idata__i):
+            return xr.DataArray(np.zeros((1, 20, len(excluded_obs))), dims=["chain", "draw", "y_dim_0"])
+
+    kfold = arviz_stats.loo_kfold(tree, Recorded(None, tree), k=k, stratify_by=strata, seed=seed, save_fits=True)
+    folds = kfold_folds(n, k, seed, strata)
+    assert sorted(set(folds.tolist())) == list(range(1, k + 1))
+    assert {fold: np.flatnonzero(folds == fold).tolist() for fold in range(1, k + 1)} == {
+        fold: sorted(fit["test_indices"].tolist()) for fold, fit in kfold.fold_fits.items()}

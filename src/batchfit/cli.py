@@ -54,7 +54,8 @@ _STAGES = (("check", "check datasets and that the model compiles fully with numb
                        "exit 1 if any failed"),
            ("run", "compile, fit every pending dataset, collect (the sweep without Snakemake)"),
            ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"),
-           ("compare", "a sweep of variants, each collected: compare them per dataset by PSIS-LOO (comparison.csv)"),
+           ("compare", "a sweep of variants, each collected: compare them per dataset (comparison.csv), by PSIS-LOO "
+                       "or where it is unreliable from refits run in this process (compare: in the config)"),
            ("sensitivity", "outputs.sensitivity, once collected: power-scaling sensitivity of every fit "
                            "(sensitivity.csv)"))
 
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in _STAGES:
         p = command(name, text)
         _config_option(p, variant=name != "compare")
-        if name in ("fit", "run", "sbc"):
+        if name in ("fit", "run", "sbc", "compare"):
             p.add_argument("--threads", type=int, default=1,
                            help="threads for a dataset's chains (and processes for a compile: two at most)")
         if name == "compile":
@@ -215,9 +216,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(status.status_lines(config, dataset=args.dataset, variant=args.variant)))
         return 0
     if args.command == "compare":
-        from batchfit.outputs.compare import write_comparison
-
-        print(f"compare: wrote {', '.join(map(str, write_comparison(config)))}")
+        print(f"compare: wrote {', '.join(map(str, pipeline.run_compare(config, threads=args.threads)))}")
         return 0
     if args.command == "check":
         return _check(config, args.variant)

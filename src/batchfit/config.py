@@ -181,6 +181,28 @@ class SBCSettings:
 
 
 @dataclass(frozen=True)
+class KFoldSettings:
+    """K-fold cross-validation's settings (`compare.kfold`)."""
+
+    k: int = 10
+    stratify_by: str | None = None
+    datasets: str = "unreliable"  # or "all": every dataset, not only those where PSIS-LOO is unreliable
+    seed: int = 271
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """How the compare rule estimates each fit's expected log predictive density (`compare.*`):
+    PSIS-LOO, refits without each observation PSIS cannot estimate (``reloo``), K-fold, or ``auto``
+    (`batchfit.sweep.refit_plan`). Read by the refits and the compare rule only: in no fit's digest.
+    """
+
+    method: str = "auto"
+    max_reloo: int = 5
+    kfold: KFoldSettings = field(default_factory=KFoldSettings)
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated batchfit config; `source` is the config file (or "<dict>") for messages."""
 
@@ -200,6 +222,7 @@ class Config:
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    compare: CompareSettings = field(default_factory=CompareSettings)
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # build_model's keyword parameters
     # A sweep of variants (`batchfit.variants`): the raw overrides by id and the grid, as the file has them.
     variants: Mapping[str, Any] = field(default_factory=dict, hash=False)

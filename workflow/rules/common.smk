@@ -12,6 +12,7 @@ from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.variants import configs_of
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.model.imports import user_import_files
+from batchfit.fitting.refits import RefitPlan
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 
@@ -35,6 +36,7 @@ BUNDLE = compiled_bundle_path(BF).parent / "{stamp}.zip"
 wildcard_constraints:
     variant="|".join(map(re.escape, VARIANTS)) or "(?!)",
     stamp="|".join(map(re.escape, STAMPS)),
+    refit_batch="refit-[0-9a-f]+",
 
 
 # Without a shared filesystem (`--shared-fs-usage none` and a storage plugin: docs/cluster.md) only the
@@ -226,3 +228,24 @@ def _sbc_plan(simulations_mtime_ns):
 def sbc_plan():
     stamp = Path(checkpoints.sbc_simulate.get().output[0])
     return _sbc_plan(stamp.stat().st_mtime_ns)
+
+
+# The exact comparisons of a sweep of variants (workflow/rules/compare.smk): the refit plan's batches.
+
+
+def planned_refits():
+    """The refit plan the checkpoint wrote (a function: known once it ran)."""
+    return RefitPlan.read(checkpoints.refit_plan.get().output[0])
+
+
+def refit_manifests(wildcards):
+    """Every pending refit batch's manifest: the compare rule waits for them."""
+    plan = planned_refits()
+    return [here(CONFIGS[plan.batch_variant(b)].layout.refit_manifest(b)) for b in plan.batches]
+
+
+def refit_resource(name):
+    """A refit job's `name` resource, as a fit job's of as many datasets."""
+    return lambda wildcards, input, threads, attempt: fit_resources(
+        bf(wildcards).sampler, len(planned_refits().batches[wildcards.refit_batch]), input.compiled, attempt, threads
+    )[name]

@@ -207,8 +207,9 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     """Take a started dataset's sample, add its outputs and write its fit; a failure becomes its Outcome."""
     config = fitter.config
     try:
-        tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
-                             provenance=job.provenance)
+        tree, path, fallback = fitter.draws(job.sampling, job.model, job.dataset, job.structure, threads=threads)
+        tree = fitter.finish(tree, job.model, job.dataset, job.structure, job.sampling.seed, job.provenance, path,
+                             fallback)
         warnings = sampler_reasons(tree["sample_stats"].to_dataset(), config.health, job.dataset.n_rows)
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
