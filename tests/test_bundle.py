@@ -126,7 +126,7 @@ READY_SCRIPT = textwrap.dedent("""
     cache = open_cache(cache_dir, bundle=None if bundle == "-" else bundle)
     dataset = load_dataset(Path(data_file).stem, Path(data_file))
     model = build_model(load_model_file(model_file), dataset)
-    compiled = compile_model(model, cache, source=ModelSource(Path(model_file), dataset.id, Path(data_file)))
+    compiled = compile_model(model, cache, source=ModelSource(Path(model_file), dataset))
     compiled.sampler_for(model)
     print(json.dumps({"key": compiled.key, "hit": compiled.report.hit, "installed": compiled.report.installed,
                       "line": compiled.report.line(), "compiler_runs": runs[0]}))

@@ -168,7 +168,7 @@ WARM_SCRIPT = textwrap.dedent("""
     dataset = load_dataset(data_file.stem, data_file)
     model = build_model(load_model_file(model_file), dataset)
     stages = {"start": dict(counts)}
-    compiled = compile_model(model, cache, source=ModelSource(model_file, dataset.id, data_file))
+    compiled = compile_model(model, cache, source=ModelSource(model_file, dataset))
     stages["compile_model"] = dict(counts)
     sampler = compiled.sampler_for(model)
     stages["sampler_for"] = dict(counts)
@@ -227,7 +227,7 @@ def prime(model_file: Path, data_file: Path, cache_dir: Path) -> str:
 
     dataset = load_dataset(data_file.stem, data_file)
     model = build_model(load_model_file(model_file), dataset)
-    compiled = compile_model(model, open_cache(cache_dir), source=ModelSource(model_file, dataset.id, data_file))
+    compiled = compile_model(model, open_cache(cache_dir), source=ModelSource(model_file, dataset))
     return compiled.key
 
 

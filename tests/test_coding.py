@@ -182,15 +182,24 @@ def test_text_in_a_column_with_numbers_elsewhere_names_row_and_value(tmp_path: P
 
 
 def test_labels_that_are_numbers_in_one_file_and_text_in_another(tmp_path: Path) -> None:
+    """Text in a column makes it labels (numbers can be labels, text cannot be numbers): the file of numbers
+    fails alone, naming the setting that reads its numbers as labels too; a few words among numbers are typos."""
     paths = write(tmp_path / "data", {"a": "group\n1\n2\n", "b": "group\nx\ny\n"})
     coding = sweep_coding(sweep(tmp_path), paths)
+    assert decoded(load_dataset("b", paths["b"], coding), "group") == ["x", "y"]
     with pytest.raises(DatasetError) as info:
-        check_dataset(load_dataset("b", paths["b"], coding), {"group": INT})
-    assert "'x'" in str(info.value) and "row index 0" in str(info.value) and "columns:" in str(info.value)
+        load_dataset("a", paths["a"], coding)
+    assert "dataset 'a'" in str(info.value) and "holds only numbers here (e.g. 1)" in str(info.value)
+    assert "columns: {group: {}}" in str(info.value)
+    typo = write(tmp_path / "t" / "data", {"a": "count\n1\n2\n", "b": "count\n3\nmany\n4\n"})
+    typo_coding = sweep_coding(sweep(tmp_path / "t"), typo)
+    with pytest.raises(DatasetError) as info:
+        check_dataset(load_dataset("b", typo["b"], typo_coding), {"count": INT})
+    assert "'many'" in str(info.value) and "row index 1" in str(info.value) and "columns:" in str(info.value)
     # listing the column makes it labels in every file, numeric-looking or not
     listed = sweep_coding(sweep(tmp_path, {"group": {}}), paths)
     a, b = (load_dataset(d, p, listed) for d, p in paths.items())
-    assert a.coords["group"] == b.coords["group"] == ("1", "2", "x", "y")
+    assert a.coords["group"] == b.coords["group"] == ("x", "y", "1", "2")  # appended to the levels recorded before
     assert decoded(a, "group") == ["1", "2"] and decoded(b, "group") == ["x", "y"]
 
 

@@ -538,8 +538,11 @@ def test_cached_summary_rows_equal_arviz_stats_summary(sweep: Config) -> None:
 
 def test_a_damaged_cache_entry_is_recomputed(sweep: Config) -> None:
     collect(sweep, IDS)
-    (sweep.results_dir / "summaries" / "store_02.json").write_text("{not json")
-    assert collect(sweep, IDS).summarised_ids == ["store_02"]
+    store = sweep.results_dir / "summaries" / "entries.jsonl"
+    lines = store.read_text().splitlines(keepends=True)
+    lines[2] = "{not json" + " " * (len(lines[2]) - 10) + "\n"  # the third fit's entry, same length: offsets stay
+    store.write_text("".join(lines))
+    assert collect(sweep, IDS).summarised_ids == [IDS[2]]
 
 
 def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:

@@ -42,7 +42,7 @@ def compile_in_child(tmp_path: Path, source: str, cache_dir: Path, workers: int 
     pd.DataFrame({"y": np.linspace(0.0, 1.0, 5)}).to_csv(tmp_path / "d.csv", index=False)
     dataset = load_dataset("d", tmp_path / "d.csv")
     model = build_model(load_model_file(tmp_path / "model.py"), dataset)
-    source = ModelSource(tmp_path / "model.py", "d", tmp_path / "d.csv")
+    source = ModelSource(tmp_path / "model.py", dataset)
     return compile_model(model, open_cache(cache_dir), source=source, workers=workers)
 
 

@@ -30,7 +30,7 @@ CONFIG_ERRORS = [
     pytest.param({"model": "models/missing.py"}, "model", "does not exist", id="model-missing"),
     pytest.param({"model": "models/no_build.py"}, "model", "defines no function build_model", id="no-build-model"),
     pytest.param({"model": "models/broken.py"}, "model", "cannot be read as Python at line 1", id="model-syntax"),
-    pytest.param({"datasets": ["nodata/*.csv"]}, "datasets", "matches no file", id="glob-matches-nothing"),
+    pytest.param({"datasets": ["nodata/*.csv"]}, "datasets[0]", "matches no file", id="glob-matches-nothing"),
 ]
 
 

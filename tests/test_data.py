@@ -82,7 +82,7 @@ def test_same_file_from_two_patterns_is_one_dataset(cwd: Path) -> None:
 def test_pattern_matching_nothing_is_a_config_error(cwd: Path, pattern: str) -> None:
     with pytest.raises(ConfigError) as info:
         discover_datasets(make_config(pattern))
-    assert info.value.key == "datasets" and pattern in str(info.value) and "cfg.yaml" in str(info.value)
+    assert info.value.key == "datasets[0]" and pattern in str(info.value) and "cfg.yaml" in str(info.value)
 
 
 def test_directory_pattern_suggests_a_glob(cwd: Path) -> None:

@@ -111,9 +111,9 @@ def batch10(data_dir, tmp_path_factory, hierarchical_entry):
         counts["pytensor_functions"] += 1
         return real_init(self, *args, **kwargs)
 
-    def recording_fit_datasets(fitter, claims, paths, *, threads):
+    def recording_fit_datasets(fitter, claims, *, threads):
         snapshots.append(dict(counts))  # after compile_model and the Fitter's set-up
-        for index, outcome in real_fit_datasets(fitter, claims, paths, threads=threads):
+        for index, outcome in real_fit_datasets(fitter, claims, threads=threads):
             snapshots.append(dict(counts))
             outcomes.append(outcome)
             trees.append(read_tree(config.layout.fit(outcome.dataset)) if outcome.status == "ok" else None)
@@ -503,16 +503,15 @@ def test_datasets_on_the_cached_path_are_built_without_creation_tracebacks(data_
     import pytensor
 
     from batchfit.compile.structures import CACHED
-    from batchfit.data.dataset import load_dataset
     from batchfit.fitting.fitter import Fitter, prepare
 
     config = make_config(tmp_path / "results", hierarchical_entry, [str(data_dir / "*.csv")])
-    cache, paths, ref = prepare(config)
+    cache, reader, ref = prepare(config)
     fitter = Fitter(config, ref, cache)
     assert fitter.reference.path == CACHED
     limit = pytensor.config.traceback__limit
     assert limit != 0 and all(rv.tag.trace for rv in ref.model.free_RVs)
 
-    model = fitter.build(load_dataset("d3", paths["d3"], ref.coding))
+    model = fitter.build(reader.load("d3"))
     assert model.free_RVs and not any(rv.tag.trace for rv in model.free_RVs)
     assert pytensor.config.traceback__limit == limit

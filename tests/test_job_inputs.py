@@ -16,10 +16,11 @@ import pytest
 
 from batchfit.config import Config, config_from_dict
 from batchfit.data.coding import sweep_coding
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
+from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.job_inputs import JobInputs, stage_inputs
-from batchfit.fitting.provenance import record_digest, recorded_digest
+from batchfit.fitting.provenance import record_digest
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import adopt_batch_outputs
 
@@ -95,12 +96,11 @@ def test_collect_adopts_a_jobs_fits_and_failures_as_if_the_job_had_written_them_
     results.fit("d2").write_bytes(b"an old fit of d2")  # d2 now fails: its stale fit goes
     record_digest(results, "d2", "old")
     job = job_outputs(tmp_path / "outputs", "batch-1", {"d1": "digest-1"}, ["d2"])
-    config = config_from_dict({"model": "m.py", "datasets": ["*.csv"], "results_dir": str(results.root)},
-                              source="sweep.yaml")
 
     assert adopt_batch_outputs(results, [job]) == 1
     assert results.fit("d1").read_bytes() == b"fit of d1"
-    assert recorded_digest(config, "d1") == "digest-1"  # its sidecar describes the adopted file
+    register = FitRegister.current(results)  # the adopted datasets are listed as touched: read from their files
+    assert register.digest("d1") == "digest-1" and register.failed("d2")  # d1's sidecar describes the adopted fit
     assert not results.failure("d1").exists()
     assert not results.fit("d2").exists() and not results.sidecar("d2").exists()
     assert json.loads(results.failure("d2").read_text())["message"] == "bad"
@@ -113,7 +113,7 @@ def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):
         adopt_batch_outputs(ResultsLayout(tmp_path / "results"), [tmp_path / "empty"])
 
 
-def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, DatasetFiles, Path]:
+def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, DatasetIndex, Path]:
     """A two-dataset sweep of the bundled model staged for one job, the last ``emptied`` copies empty
     (as if they arrived broken); run from ``tmp_path``, where the sweep's patterns are relative to."""
     from testkit import write_sweep

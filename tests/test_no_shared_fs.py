@@ -30,8 +30,8 @@ id=$(date +%s%N)
 cp "$1" {hold}/$id.sh
 git -C {project} archive --format=tar HEAD > {hold}/$id.tar
 ( unshare --mount sh -c '
-    mount -t tmpfs tmpfs {project} && tar -xf "$1" -C {project} && cd {project} &&
-    test ! -e data && test ! -e results && test ! -e cache && exec sh "$0"' {hold}/$id.sh {hold}/$id.tar \
+    mount -t tmpfs tmpfs {project} && tar -xf "$1" -C {project} && cd {project} && test ! -e data &&
+    test ! -e tables && test ! -e results && test ! -e cache && exec sh "$0"' {hold}/$id.sh {hold}/$id.tar \
   >> {hold}/jobs.log 2>&1 < /dev/null; echo $? > {hold}/$id.rc ) > /dev/null 2>&1 &
 echo $id
 """
@@ -47,15 +47,21 @@ def can_unshare() -> bool:
 
 
 def project(root: Path, cache: Path) -> Path:
-    """A user's project: model.py and its config under git, six simulated datasets (not tracked)."""
+    """A user's project: model.py and its config under git, six simulated datasets (not tracked): three files,
+    and three as the groups of one table (a fit job gets their rows, staged)."""
     from batchfit.model.simulate import simulate_datasets
 
     root.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(HIERARCHICAL, root / "model.py")
-    simulate_datasets(root / "model.py", root / "data", 6, seed=21, prefix="far")
+    files = simulate_datasets(root / "model.py", root / "data", 6, seed=21, prefix="far")
+    (root / "tables").mkdir()
+    pd.concat([pd.read_csv(f).assign(shop=f.stem) for f in files[3:]]).to_csv(root / "tables" / "shops.csv",
+                                                                               index=False)
+    for moved in files[3:]:
+        moved.unlink()
     config = write_config(root / "sweep.yaml", sweep_settings(
         cache, model="model.py", batch_size=2, sampler={"draws": 100, "tune": 100, "chains": 2, "seed": 8},
-        columns={"group": {"scope": "dataset"}}))
+        columns={"group": {"scope": "dataset"}}, datasets=["data/*.csv", {"table": "tables/shops.csv", "by": "shop"}]))
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "model.py", "sweep.yaml"], check=True)
@@ -119,4 +125,5 @@ def test_a_sweep_through_a_storage_plugin_fits_the_same_draws_in_jobs_that_see_o
     assert summary == (shared / "results" / "summary.csv").read_text()
     # datasets.csv names each dataset's own file, not the copy staged for its job
     paths = [pd.read_csv(r / "results" / "datasets.csv", index_col="dataset")["path"] for r in (shared, apart)]
-    assert paths[1].to_dict() == paths[0].to_dict() == {d: f"data/{d}.csv" for d in expected}
+    assert paths[1].to_dict() == paths[0].to_dict() == {d: f"data/{d}.csv" if d < "far_003" else "tables/shops.csv"
+                                                         for d in expected}

@@ -90,6 +90,16 @@ def test_init_refuses_to_overwrite_and_writes_nothing_then(tmp_path):
     assert (tmp_path / "Snakefile").read_text() == "# mine\n"
 
 
+def test_init_beside_the_users_data_writes_no_example_data_and_says_so(tmp_path):
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"ID": [1, 1], "y": [0.1, 0.2]}).to_csv(tmp_path / "data" / "pk.csv", index=False)
+    run = subprocess.run([str(BIN / "batchfit"), "init", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["pk.csv"]
+    assert "already holds 1 file(s) of yours, so no example data were written" in run.stdout
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "model.py").is_file()
+
+
 def test_init_cli_twice_fails_with_a_clear_message(tmp_path):
     first = subprocess.run([str(BIN / "batchfit"), "init", str(tmp_path / "p")], capture_output=True, text=True,
                            timeout=300)

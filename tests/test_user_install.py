@@ -70,9 +70,9 @@ def assert_every_dataset_fitted(user_bin: Path, root: Path, results: Path, ids: 
     assert status.returncode == 0, status.stderr
     assert f"{n} dataset(s): {n} fitted, 0 pending, 0 failed" in status.stdout, status.stdout
     assert "fitted off batchfit's cached path" not in status.stdout, status.stdout  # its count of fallbacks
-    datasets = pd.read_csv(results / "datasets.csv", keep_default_na=False)
+    datasets = pd.read_csv(results / "datasets.csv", keep_default_na=False, dtype={"dataset": str})
     assert sorted(datasets["dataset"]) == ids
-    assert sorted(pd.read_csv(results / "summary.csv")["dataset"].unique()) == ids
+    assert sorted(pd.read_csv(results / "summary.csv", dtype={"dataset": str})["dataset"].unique()) == ids
     assert not (datasets["status"] == "failed").any(), datasets[datasets["status"] == "failed"]
     per_dataset = datasets.set_index("dataset")[["sampler_path", "fallback"]]
     assert set(datasets["sampler_path"]) == {"cached"} and set(datasets["fallback"]) == {""}, per_dataset
@@ -339,3 +339,32 @@ class TestSymlinkedPrefix:
         check = run(linked_bin, "batchfit", "check", "--config", "config.yaml", cwd=project)
         assert check.returncode == 0, f"{check.stdout[-3000:]}\n{check.stderr[-3000:]}"
         assert_every_dataset_fitted(linked_bin, project, project / "results", ids)
+
+
+class TestTableSweep:
+    def test_a_nonmem_style_table_in_the_users_data_folder_fits_every_subject(self, user_bin, tmp_path):
+        """The user's long table, already in data/ when `batchfit init` runs (which then writes no example data):
+        split by ID, its dosing records skipped, each dose from a side table, the bundled PK model."""
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("pk_oral", REPO / "models" / "pk_oral.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        root = tmp_path / "pk"
+        (root / "data").mkdir(parents=True)
+        table = module.simulate(np.random.default_rng(7), N_DATASETS)
+        table.to_csv(root / "data" / "pk.csv", index=False, na_rep=".")
+        table[table.EVID == 1][["ID", "AMT"]].rename(columns={"AMT": "dose"}).to_csv(root / "data" / "doses.csv",
+                                                                                      index=False)
+        init = run(user_bin, "batchfit", "init", root, cwd=tmp_path)
+        assert init.returncode == 0, init.stderr
+        assert "no example data were written" in init.stdout
+        assert sorted(p.name for p in (root / "data").iterdir()) == ["doses.csv", "pk.csv"]
+        shutil.copy2(REPO / "models" / "pk_oral.py", root / "model.py")
+        config = (root / "config.yaml").read_text().replace(
+            'datasets: ["data/*.csv"]', 'datasets: [{table: data/pk.csv, by: ID}]')
+        config += ('values: {table: data/doses.csv, by: ID}\nrows: {where: "EVID == 0"}\n'
+                   f"sampler: {json.dumps(SAMPLER)}\nbatch_size: {BATCH_SIZE}\n")
+        (root / "config.yaml").write_text(config)
+        ids = sorted(str(i) for i in table.ID.unique())
+        assert_every_dataset_fitted(user_bin, root, root / "results", ids)

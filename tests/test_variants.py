@@ -234,13 +234,12 @@ def scale_sweep(root: Path, cache: Path) -> Path:
 
 def test_a_number_param_in_pm_data_shares_one_structure_and_a_constant_one_does_not(tmp_path, monkeypatch):
     from batchfit.compile.fingerprint import structure_of
-    from batchfit.data.discovery import discover_datasets
-    from batchfit.fitting.fitter import reference_model
+    from batchfit.fitting.fitter import reference_model, sweep_reader
     from batchfit.sweep.check import param_lines
 
     monkeypatch.chdir(tmp_path)
     configs = variant_configs(load_config(scale_sweep(tmp_path, tmp_path / "cache")))
-    models = {v: reference_model(c, discover_datasets(c)).model for v, c in configs.items()}
+    models = {v: reference_model(c, sweep_reader(c)).model for v, c in configs.items()}
     structures = {v: structure_of(m) for v, m in models.items()}
     data = [structures[f"prior_scale~{s}_how~data"] for s in (0.001, 1000.0)]
     const = [structures[f"prior_scale~{s}_how~const"] for s in (0.001, 1000.0)]

@@ -88,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
                                 "at most)")
         if name in ("collect", "run"):
             p.add_argument("--workers", type=int, default=1, help="processes that summarise new fits at once")
+        if name == "check":
+            p.add_argument("--all", action="store_true", dest="every_model",
+                           help="build every dataset's model (past 2000 datasets check builds one per distinct "
+                                "shape of the data and a sample; every dataset's data are checked either way)")
         if name == "fit":
             p.add_argument("datasets", nargs="*", default=[],
                            help="dataset ids to fit (default: every pending dataset)")
@@ -198,8 +202,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "init":
         from batchfit.project import init_project
 
-        written = init_project(args.directory)
-        print(f"init: wrote {len(written)} files in {args.directory}; there, run: snakemake --cores 2")
+        print(init_project(args.directory).one_line())
         return 0
     if args.command == "simulate":
         from pathlib import Path
@@ -219,7 +222,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"compare: wrote {', '.join(map(str, pipeline.run_compare(config, threads=args.threads)))}")
         return 0
     if args.command == "check":
-        return _check(config, args.variant)
+        return _check(config, args.variant, every_model=args.every_model)
     config = one_variant(config, args.variant)
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
@@ -251,7 +254,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(config: Config, variant: str | None) -> int:
+def _check(config: Config, variant: str | None, *, every_model: bool = False) -> int:
     """``batchfit check``: the config's datasets and model; in a sweep of variants every variant's, a section
     each (only ``variant``'s when given). Exit 1 when any has a problem."""
     from batchfit.compile.cputarget import apply_cpu_target
@@ -262,7 +265,7 @@ def _check(config: Config, variant: str | None) -> int:
     problems = []
     for name, variant_config in configs.items():
         apply_cpu_target(variant_config.cache.cpu_target, str(config.source))
-        report = check_model(variant_config)
+        report = check_model(variant_config, every_model=every_model)
         lines = report.lines()
         if name is not None:
             lines = [f"variant {name} ({variant_config.results_dir}):", *(f"  {line}" for line in lines)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -150,16 +151,43 @@ class CacheSettings:
 
 @dataclass(frozen=True)
 class ColumnSettings:
-    """How one text column's labels become codes (config key `columns.<name>`).
+    """One column's settings (config key `columns.<name>`): how a label column's text becomes codes, or a
+    numeric column's bounds.
 
     `levels` lists the labels in code order (then `order` is "listed"); otherwise the labels
     come from the data in `order` ("sorted" or "appearance"). `scope` "dataset" codes the
-    column separately in each dataset instead of once for the sweep.
+    column separately in each dataset instead of once for the sweep. A column given only
+    `min`/`max` is numeric (`label` false): a value outside them fails its dataset.
     """
 
     levels: tuple[str, ...] | None = None
     order: str = "sorted"
     scope: str = "sweep"
+    min: float | None = None
+    max: float | None = None
+    label: bool = True  # listed as a label column (not only with bounds)
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """A table split by key columns (config keys `datasets` and `values`): one dataset, or one row of
+    per-dataset values, per value of the keys `by`. `table`: a CSV or Parquet file, or a directory of
+    Parquet files."""
+
+    table: Path
+    by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RowRules:
+    """The rows a model must not see (config key `rows`): those where `where` (pandas' query syntax) does
+    not hold, then those missing a value in a `drop_missing` column."""
+
+    where: str | None = None
+    drop_missing: tuple[str, ...] = ()
+
+
+NO_RULES = RowRules()  # every row kept
 
 
 @dataclass(frozen=True)
@@ -207,7 +235,7 @@ class Config:
     """A validated batchfit config; `source` is the config file (or "<dict>") for messages."""
 
     model: Path
-    datasets: tuple[str, ...]
+    datasets: tuple[str | TableSource, ...]  # file patterns and tables split by key columns
     sampler: SamplerSettings
     batch_size: int | str  # a number of datasets, or AUTO (see `batchfit.sweep.plan.batch_size`)
     cache_dir: Path
@@ -219,6 +247,8 @@ class Config:
     cache: CacheSettings
     source: str
     columns: Mapping[str, ColumnSettings] = field(default_factory=dict, hash=False)
+    rows: RowRules = field(default_factory=RowRules)
+    values: tuple[TableSource, ...] = ()  # side tables of per-dataset values
     summary: SummarySettings = field(default_factory=SummarySettings)
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
@@ -332,6 +362,9 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     """A config value as a config file writes it: sections as mappings, paths as text, tuples as lists."""
     if isinstance(value, ColumnSettings):  # its levels fix the order: the file lists only them
+        bounds = {name: bound for name in ("min", "max") if (bound := getattr(value, name)) is not None}
+        if not value.label:
+            return bounds
         return {"levels": list(value.levels)} if value.levels is not None else {"order": value.order,
                                                                                "scope": value.scope}
     if dataclasses.is_dataclass(value):
@@ -348,14 +381,31 @@ def _plain(value: Any) -> Any:
 def _build(d: dict[str, Any], source: str) -> Config:
     """Turn a validated, default-filled mapping into a `Config`, each section into its dataclass."""
     columns = {str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()}
+    d["datasets"] = [entry if isinstance(entry, str) else _table(entry) for entry in d["datasets"]]
+    d["values"] = [_table(entry) for entry in ([d["values"]] if isinstance(d["values"], Mapping) else d["values"])]
     if d["outputs"]["log_likelihood"] is None:  # the compare rule of a sweep of variants needs it
         d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})
     _check_sampler(config.sampler, source)
+    _check_where(config.rows.where, source)
     if config.outputs.sensitivity and not config.outputs.log_likelihood:
         raise ConfigError("power-scaling sensitivity scales the likelihood too, so it needs each fit's "
                           "log-likelihood: set outputs.log_likelihood: true", key="outputs.sensitivity", source=source)
     return config
+
+
+def _check_where(where: str | None, source: str) -> None:
+    """A `rows.where` that is no expression at all fails before any data is read (which columns it names is
+    checked against each dataset's, `batchfit.data.rows`). pandas' query syntax is Python's, with backticks
+    around a column name that is no identifier."""
+    if where is None:
+        return
+    try:
+        ast.parse(re.sub(r"`[^`]*`", "_", where), mode="eval")
+    except SyntaxError as exc:
+        raise ConfigError(f"{where!r} is no expression pandas' query can evaluate ({exc.msg}, at character "
+                          f"{exc.offset}); write it as in DataFrame.query, e.g. \"EVID == 0 and TIME >= 0\"",
+                          key="rows.where", source=source) from None
 
 
 # nutpie settings of its low-rank adaptation alone: nutpie refuses them with another adaptation.
@@ -382,7 +432,7 @@ def _section(cls: type, data: Mapping[str, Any]) -> Any:
 def _typed(hint: Any, value: Any) -> Any:
     """``value`` (validated by the schema) as the type ``hint`` names: numbers as int or float (YAML
     may give 1000.0 for an int, 1 for a float), paths as Path, lists as tuples, sections as dataclasses."""
-    if value is None or isinstance(value, ColumnSettings):
+    if value is None or isinstance(value, ColumnSettings | TableSource):
         return value
     options = [option for option in typing.get_args(hint) if option is not type(None)] \
         if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
@@ -404,8 +454,28 @@ def _typed(hint: Any, value: Any) -> Any:
     raise TypeError(f"config value {value!r} is none of {hint}")  # the schema lets through nothing else
 
 
+def _table(entry: Mapping[str, Any]) -> TableSource:
+    """A validated table entry: ``by`` one name or a list of them."""
+    by = entry["by"]
+    return TableSource(Path(entry["table"]), (by,) if isinstance(by, str) else tuple(by))
+
+
+_LABEL_KEYS = ("levels", "order", "scope")
+
+
 def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
-    """One validated `columns` entry; an explicit list fixes the order and the scope."""
+    """One validated `columns` entry; an explicit list fixes the order and the scope; bounds make a numeric column."""
+    bounds = {bound: float(spec[bound]) for bound in ("min", "max") if bound in spec}
+    if bounds:
+        labelled = [key for key in _LABEL_KEYS if key in spec]
+        if labelled:
+            raise ConfigError(f"'{labelled[0]}' codes a label column, and min/max bound a numeric one; a column is "
+                              "one or the other: remove one of them", key=f"columns.{name}.{labelled[0]}",
+                              source=source)
+        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+            raise ConfigError(f"min {bounds['min']:g} is above max {bounds['max']:g}", key=f"columns.{name}.min",
+                              source=source)
+        return ColumnSettings(min=bounds.get("min"), max=bounds.get("max"), label=False)
     if "levels" in spec:
         for other in ("order", "scope"):
             if other in spec:

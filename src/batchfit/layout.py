@@ -19,9 +19,9 @@ SENSITIVITY_CSV = "sensitivity.csv"
 # What a results_dir holds at its top level: a sweep of variants puts each variant's beside them
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
-                            "data_sha256.json", "summaries", "orphaned", "plots", "report", "sbc", "status.txt",
-                            "refits", SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV,
-                            SENSITIVITY_CSV})
+                            "data_sha256.json", "tables", "register", "summaries", "orphaned", "plots", "report", "sbc",
+                            "status.txt", "refits",
+                            SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,16 @@ class ResultsLayout:
     def sidecar(self, dataset_id: str) -> Path:
         """The small JSON beside a fit that records its provenance digest (read by the plan)."""
         return self.fits / f"{dataset_id}.json"
+
+    @property
+    def fit_register(self) -> Path:
+        """Every dataset's fit digest or failure, in one file (`batchfit.fitting.fit_register`)."""
+        return self.root / "register" / "fits.json"
+
+    @property
+    def touched(self) -> Path:
+        """The lists of datasets whose files a process is about to change (`batchfit.fitting.fit_register`)."""
+        return self.root / "register" / "touched"
 
     @property
     def failures(self) -> Path:
@@ -102,6 +112,11 @@ class ResultsLayout:
     def coding_registry(self) -> Path:
         """The append-only codes of text columns (`batchfit.data.coding`)."""
         return self.root / "coding.json"
+
+    @property
+    def table_scans(self) -> Path:
+        """The scans of the sweep's tables: their groups, digests and column kinds (`batchfit.data.tables`)."""
+        return self.root / "tables"
 
     @property
     def data_digests(self) -> Path:
@@ -218,6 +233,12 @@ class ResultsLayout:
     def truth(self, simulation_id: str) -> Path:
         """A simulation's true parameter values."""
         return self.root / "truth" / f"{simulation_id}.json"
+
+    @property
+    def simulated_values(self) -> Path:
+        """The template's per-dataset values (a side table's) for every simulation: a side table of the simulated
+        sweep (`batchfit.sweep.sbc.sweep.sbc_config`)."""
+        return self.root / "values.csv"
 
     @property
     def template_coding(self) -> Path:

@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchfit.config import Config, load_config
-from batchfit.data import dataset
-from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, DatasetError
@@ -36,11 +34,12 @@ def load_dataset(config_or_path: Config | str | Path, dataset_id: str, variant: 
     config = _config(config_or_path, variant)
     paths = discover_datasets(config)
     if dataset_id not in paths:
-        raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({', '.join(config.datasets)}, "
-                           f"config {config.source}); the id is the file name without its suffix (see "
-                           "batchfit check for the ids of files whose names are no usable ids)",
-                           dataset=dataset_id)
-    return dataset.load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths), config.params)
+        sources = ", ".join(str(s) if isinstance(s, str) else f"table {s.table} by {', '.join(s.by)}"
+                            for s in config.datasets)
+        raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({sources}, config "
+                           f"{config.source}); a file's id is its name without the suffix, a table group's its key "
+                           "values (batchfit check lists the ids that are neither as they are)", dataset=dataset_id)
+    return fitter.sweep_reader(config, paths, wanted=[dataset_id]).load(dataset_id)
 
 
 def build_model(config_or_path: Config | str | Path, dataset_id: str, variant: str | None = None) -> pm.Model:
@@ -56,7 +55,7 @@ def build_model(config_or_path: Config | str | Path, dataset_id: str, variant: s
     data = load_dataset(config, dataset_id)
     module = model_file.load_model_file(config.model)
     try:
-        ref = fitter.reference_model(config, discover_datasets(config))
+        ref = fitter.reference_model(config, fitter.sweep_reader(config))
     except BatchfitError:  # no dataset builds: this one's own error says why
         return model_file.build_model(module, data, config.params)
     return model_file.build_model(module, fitter.model_input(data, ref), config.params)

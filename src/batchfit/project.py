@@ -12,6 +12,7 @@ import importlib.resources
 import json
 import textwrap
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +56,48 @@ def workflow_snakefile() -> Path:
     return path
 
 
-def init_project(directory: str | Path) -> list[Path]:
-    """Scaffold a project in ``directory`` (created if needed); return the files written.
+@dataclass(frozen=True)
+class InitReport:
+    """What `init_project` did: the files it wrote, and the files a ``data/`` it left alone holds."""
+
+    root: Path
+    written: list[Path]
+    users_data: list[Path]
+
+    def one_line(self) -> str:
+        line = f"init: wrote {len(self.written)} files in {self.root}"
+        if self.users_data:
+            line += (f"; {self.root / 'data'} already holds {len(self.users_data)} file(s) of yours, so no example "
+                     "data were written there: set config.yaml's datasets to them (files, or a table split by key "
+                     "columns: {table: data/your.csv, by: ID})")
+        return f"{line}; there, run: snakemake --cores 2"
+
+
+def init_project(directory: str | Path) -> InitReport:
+    """Scaffold a project in ``directory`` (created if needed).
 
     Writes config.yaml (every key of the config schema, documented), model.py (the bundled
-    example model), data/ with a few simulated datasets, the Snakefile, profiles/ (local and
-    SLURM) and a .gitignore. Refuses, writing nothing, when any of these files exists.
+    example model), the Snakefile, profiles/ (local and SLURM), a .gitignore and, unless data/
+    already holds files (the user's own), data/ with a few simulated datasets. Refuses, writing
+    nothing, when any of these files exists.
     """
     root = Path(directory)
     files = _project_files()
     existing = [root / name for name in files if (root / name).exists() or (root / name).is_symlink()]
-    existing += [root / "data" / name for name in _example_names() if (root / "data" / name).exists()]
     if existing:
         raise BatchfitError(f"batchfit init: {root} already has {', '.join(map(str, existing))}; "
                             "refusing to overwrite (choose an empty folder, or move these files away)")
+    data = root / "data"
+    users_data = sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else []
     written = []
     for name, content in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         written.append(path)
-    return written + _write_example_data(root / "model.py", root / "data")
+    if not users_data:
+        written += _write_example_data(root / "model.py", data)
+    return InitReport(root, written, users_data)
 
 
 def _project_files() -> dict[str, str]:
@@ -91,10 +113,6 @@ def _project_files() -> dict[str, str]:
     for name in ("default", "slurm"):
         files[f"profiles/{name}/config.yaml"] = profiles.joinpath(name, "config.yaml").read_text("utf-8")
     return files
-
-
-def _example_names() -> list[str]:
-    return [f"dataset_{i:03d}.csv" for i in range(_EXAMPLE_DATASETS)]
 
 
 def _write_example_data(model: Path, data: Path) -> list[Path]:

@@ -106,6 +106,8 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
         for name in expected:
             if name not in value:
                 yield _child(key, name), f"missing required key '{name}'"
+    elif kind == "anyOf" and error.context:
+        yield from _explain_alternative(error)
     elif kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         other_names = error.schema.get("x-other-names", {})
@@ -114,6 +116,25 @@ def _explain(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
                 yield _child(key, name), _unknown_key(name, allowed, other_names.get(name))
     else:
         yield key, error.message
+
+
+def _explain_alternative(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
+    """A value that fits none of an ``anyOf``'s alternatives: the violations of the alternative of its
+    own type (a mapping's of the mapping alternative), else what any alternative would take."""
+    by_branch: dict[int, list[jsonschema.ValidationError]] = {}
+    for sub in error.context or ():
+        by_branch.setdefault(int(sub.relative_schema_path[0]), []).append(sub)
+    typed = [subs for subs in by_branch.values()
+             if not any(sub.validator == "type" and not sub.relative_path for sub in subs)]
+    if len(typed) == 1:
+        for sub in typed[0]:
+            yield from _explain(sub)
+        return
+    names = [name for subs in by_branch.values() for sub in subs if sub.validator == "type" and not sub.relative_path
+             for name in ([sub.validator_value] if isinstance(sub.validator_value, str) else sub.validator_value)]
+    key = _key_path(error.absolute_path)
+    yield key, (f"must be {' or '.join(_TYPE_NAMES.get(n, n) for n in dict.fromkeys(names))}, "
+                f"got {_describe(error.instance)}")
 
 
 def _unknown_key(name: object, allowed: list[str], hint: str | None = None) -> str:

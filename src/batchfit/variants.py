@@ -20,8 +20,9 @@ from batchfit.config import Config, check_model_file, config_from_dict, config_t
 from batchfit.errors import ConfigError
 from batchfit.layout import RESERVED_NAMES
 
-# Keys every variant shares: the datasets it is compared on, where results and the cache go, the sweep itself.
-SHARED_KEYS = ("datasets", "results_dir", "cache_dir", "variants", "grid", "sbc", "compare")
+# Keys every variant shares: the datasets it is compared on (their sources, rows and per-dataset values), where
+# results and the cache go, the sweep itself and how its variants are compared.
+SHARED_KEYS = ("datasets", "rows", "values", "results_dir", "cache_dir", "variants", "grid", "sbc", "compare")
 PARAM_SEP, GRID_SEP = "~", "_"  # Paramspace's param_sep and filename_sep
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~+=-]*")
 

@@ -163,8 +163,10 @@ onerror:
 
 
 def batch_datasets(wildcards):
-    """Data files of one batch (inputs: they must exist; a changed one changes the batch's name)."""
-    return [str(sweep(wildcards.get("variant")).datasets[d]) for d in batch_members(wildcards)]
+    """Data files of one batch, or the tables its datasets are groups of (inputs: they must exist; a changed
+    one changes the batch's name)."""
+    datasets = sweep(wildcards.get("variant")).datasets
+    return list(dict.fromkeys(str(datasets[d]) for d in batch_members(wildcards)))
 
 
 def batch_members(wildcards):

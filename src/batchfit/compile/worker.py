@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +25,6 @@ from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.workers import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
 from batchfit.config import OutputSettings
-from batchfit.data.dataset import load_dataset
-from batchfit.data.labels import Coding
 from batchfit.errors import CachedPathUnsupported
 from batchfit.model.model_file import build_model, load_model_file
 
@@ -75,9 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--model-file", required=True)
-    parser.add_argument("--dataset-id", required=True)
-    parser.add_argument("--dataset-path", required=True)
-    parser.add_argument("--coding", default="{}", help="the dataset's text-column coding (JSON)")
+    parser.add_argument("--dataset", required=True, help="a snapshot of the dataset the parent loaded (pickle)")
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
     parser.add_argument("--params", default="{}", help="build_model's keyword parameters (JSON)")
     parser.add_argument("--part", choices=sorted(PARTS), default="all", help="what of the entry to compile")
@@ -86,10 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.INFO)  # batchfit's own lines; other libraries' warnings and worse
     logging.captureWarnings(True)
     cache = open_cache(args.cache_dir, trust_shared=True)  # the parent already checked it
-    coding = json.loads(args.coding)
     params = json.loads(args.params)
-    dataset = load_dataset(args.dataset_id, Path(args.dataset_path), Coding.from_json(coding) if coding else None,
-                           params)
+    dataset = pickle.loads(Path(args.dataset).read_bytes())  # written by this worker's parent, the same code
     model = build_model(load_model_file(Path(args.model_file)), dataset, params)
     with collector_paused():
         graphs = SamplerGraphs.of(model)

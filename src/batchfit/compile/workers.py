@@ -15,7 +15,9 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,7 @@ from batchfit.cache.heal import damage_message, heal
 from batchfit.cache.store import CacheDir
 from batchfit.common.standby import Standby, finish, standing_by
 from batchfit.config import OutputSettings
+from batchfit.data.dataset import Dataset
 from batchfit.errors import BatchfitError, CachedPathUnsupported
 
 log = logging.getLogger("batchfit")
@@ -64,14 +67,17 @@ def worker_environment() -> str:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How a child process rebuilds the same model: the model file, one dataset and its coding."""
+    """How a child process rebuilds the same model: the model file and the very dataset this process loaded
+    (a snapshot of it is what the child reads: no rereading of files or tables, rules or coding)."""
 
     model_file: Path
-    dataset_id: str
-    dataset_path: Path
-    coding: dict[str, Any] = dataclasses.field(default_factory=dict)  # Coding.for_dataset(dataset_id)
+    dataset: Dataset
     outputs: OutputSettings = NO_OUTPUTS  # the optional outputs to pre-compile
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # build_model's keyword parameters
+
+    @property
+    def dataset_id(self) -> str:
+        return self.dataset.id
 
 
 def compile_workers(threads: int) -> AbstractContextManager[Standby]:
@@ -106,10 +112,18 @@ def build_in_child(source: ModelSource, cache: CacheDir, key: str, *, workers: i
     the threads that wait for the workers only pass their work and read their output: they import
     nothing, so no import ever runs beside this thread's.
     """
-    argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
-            "--dataset-id", source.dataset_id, "--dataset-path", str(source.dataset_path),
-            "--coding", json.dumps(source.coding), "--outputs", json.dumps(dataclasses.asdict(source.outputs)),
-            "--params", json.dumps(source.params)]
+    with tempfile.TemporaryDirectory(prefix="batchfit-compile-") as directory:
+        snapshot = Path(directory) / "dataset.pickle"
+        snapshot.write_bytes(pickle.dumps(source.dataset))
+        argv = ["--cache-dir", str(cache.root), "--key", key, "--model-file", str(source.model_file),
+                "--dataset", str(snapshot), "--outputs", json.dumps(dataclasses.asdict(source.outputs)),
+                "--params", json.dumps(source.params)]
+        return _build(argv, cache, key, workers, check, meanwhile)
+
+
+def _build(argv: list[str], cache: CacheDir, key: str, workers: int | Standby, check: Callable[[], object] | None,
+           meanwhile: Callable[[], object] | None) -> dict[str, Any]:
+    """`build_in_child` once the workers' arguments are known."""
     standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     taken = dict(zip(parts, standby.take(len(parts)), strict=True))  # the second imports meanwhile

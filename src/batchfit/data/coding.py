@@ -27,13 +27,14 @@ import difflib
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import ColumnSettings, Config, config_to_dict
-from batchfit.data.discovery import discover_datasets, table_kind
+from batchfit.config import ColumnSettings, Config, RowRules, TableSource, config_to_dict
+from batchfit.data.discovery import DatasetIndex, discover_datasets, table_kind, table_scans
 from batchfit.data.labels import Coding, ColumnCoding
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 
@@ -42,7 +43,7 @@ log = logging.getLogger("batchfit")
 
 
 
-_FORMAT = 1
+_FORMAT = 2  # 1: before tables (no "tables" section), read as one without tables
 
 
 _DEFAULT = ColumnSettings()
@@ -83,7 +84,7 @@ def recorded_coding(config: Config, registry: Path, paths: Mapping[str, Path]) -
     the coding depends on all of them (a column with numbers anywhere is numeric everywhere).
     """
     recorded = _read_registry(registry)
-    missing = [d for d in paths if d not in recorded["datasets"]]
+    missing = [d for d in _files(paths) if d not in recorded["datasets"]]
     if missing:
         raise BatchfitError(f"the staged label registry {registry} lacks {len(missing)} of the sweep's datasets "
                             f"(e.g. '{missing[0]}'): stage the job's inputs again")
@@ -136,7 +137,7 @@ def _write_registry(path: Path, registry: dict[str, Any]) -> None:
 
 def _read_registry(path: Path) -> dict[str, Any]:
     """The registry, or an empty one when there is none or it is damaged (with a warning)."""
-    empty: dict[str, Any] = {"format": _FORMAT, "levels": {}, "datasets": {}}
+    empty: dict[str, Any] = {"format": _FORMAT, "levels": {}, "datasets": {}, "tables": {}}
     try:
         registry = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -145,8 +146,11 @@ def _read_registry(path: Path) -> dict[str, Any]:
         log.warning("ignoring the damaged label registry %s (%s): label levels are recomputed from the "
                     "data, so codes may differ from those of existing fits", path, exc)
         return empty
+    if isinstance(registry, dict) and registry.get("format") == 1:
+        registry = {**registry, "format": _FORMAT, "tables": {}}
     if (not isinstance(registry, dict) or registry.get("format") != _FORMAT
-            or not isinstance(registry.get("levels"), dict) or not isinstance(registry.get("datasets"), dict)):
+            or not isinstance(registry.get("levels"), dict) or not isinstance(registry.get("datasets"), dict)
+            or not isinstance(registry.get("tables"), dict)):
         log.warning("ignoring the label registry %s of an unknown format: label levels are recomputed from the "
                     "data, so codes may differ from those of existing fits", path)
         return empty
@@ -154,22 +158,35 @@ def _read_registry(path: Path) -> dict[str, Any]:
 
 
 def _settings(config: Config) -> str:
-    """Digest of the `columns` config: a change makes every file be scanned again."""
-    text = json.dumps(config_to_dict(config)["columns"], sort_keys=True)
+    """Digest of the `columns` and `rows` config: a change makes every file be scanned again."""
+    plain = config_to_dict(config)
+    text = json.dumps([plain["columns"], plain["rows"]], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _files(paths: Mapping[str, Path]) -> dict[str, Path]:
+    """The datasets of ``paths`` that are files of their own (not groups of a table)."""
+    if isinstance(paths, DatasetIndex):
+        return {d: paths[d] for d in paths if paths.group(d) is None}
+    return dict(paths)
+
+
+def _table_key(table: TableSource) -> str:
+    return f"{table.table}|{','.join(table.by)}"
+
+
 def _update(registry: dict[str, Any], config: Config, paths: Mapping[str, Path]) -> bool:
-    """Scan new and changed files, append new levels of label columns; True if the registry changed."""
-
-
+    """Scan new and changed files, take in the tables' scans, append new levels of label columns; True if the
+    registry changed."""
     settings = _settings(config)
     scanned: dict[str, Any] = registry["datasets"]
+    files = _files(paths)
     changed = False
-    for gone in set(scanned) - set(paths):
+    for gone in set(scanned) - set(files):
         del scanned[gone]
         changed = True
-    for dataset_id, file in paths.items():
+    as_text = frozenset(name for name, column in config.columns.items() if column.label)
+    for dataset_id, file in files.items():
         try:
             stat = Path(file).stat()
         except OSError:  # gone since it was found: loading it reports the problem
@@ -179,54 +196,69 @@ def _update(registry: dict[str, Any], config: Config, paths: Mapping[str, Path])
         if entry is not None and entry["file"] == str(file) and entry["stamp"] == stamp and stamp:
             continue
         kind = table_kind(file) if stat else None
-        columns = _scan(dataset_id, Path(file), kind, frozenset(config.columns)) if kind else {}
+        columns = _scan(dataset_id, Path(file), kind, as_text, config.rows) if kind else {}
         scanned[dataset_id] = {"file": str(file), "stamp": stamp,
                                "columns": {name: k for name, (k, _) in columns.items()},
                                "labels": {name: values for name, (_, values) in columns.items()
                                           if values and _levels_from_data(config, name)}}
         changed = True
-    for name, column in _label_columns(scanned, config, paths).items():
+    tables = {_table_key(scan.source): {"columns": list(scan.columns), "kinds": scan.kinds,
+                                        "labels": {name: values for name, values in scan.labels.items()
+                                                   if _levels_from_data(config, name)}}
+              for scan in table_scans(config)}
+    if registry["tables"] != tables:
+        registry["tables"] = tables
+        changed = True
+    for name, column in _label_columns(registry, config, files).items():
         if _levels_from_data(config, name):
-            changed = _append_levels(registry["levels"], name, column, scanned, paths, config) or changed
+            changed = _append_levels(registry, name, column, files, config) or changed
     return changed
 
 
 def _levels_from_data(config: Config, name: str) -> bool:
-    """Whether column `name` takes its sweep-wide levels from the data (not listed, not per dataset)."""
+    """Whether column `name` takes its sweep-wide levels from the data (not listed, not per dataset, no bounds)."""
     column = config.columns.get(name, _DEFAULT)
-    return column.levels is None and column.scope == "sweep"
+    return column.label and column.levels is None and column.scope == "sweep"
 
 
-def _scan(dataset_id: str, path: Path, kind: str, as_text: frozenset[str]) -> dict[str, tuple[str, list[str]]]:
+def _scan(dataset_id: str, path: Path, kind: str, as_text: frozenset[str],
+          rules: RowRules) -> dict[str, tuple[str, list[str]]]:
     """Column kinds and text labels of one file; an unreadable file has none (loading it reports why)."""
     from batchfit.data.readers import scan_table  # pandas, only when a file is scanned: not to plan a known sweep
 
     try:
-        return scan_table(dataset_id, path, kind, as_text)
+        return scan_table(dataset_id, path, kind, as_text, rules)
     except DatasetError:
         return {}
 
 
-def _label_columns(scanned: Mapping[str, Any], config: Config, paths: Mapping[str, Path]) -> dict[str, ColumnSettings]:
-    """The sweep's label columns with their settings: listed in the config, or text wherever they have values.
+def _label_columns(registry: Mapping[str, Any], config: Config,
+                   files: Mapping[str, Path]) -> dict[str, ColumnSettings]:
+    """The sweep's label columns with their settings: listed in the config as labels, or text in at least as many
+    of the datasets that have values in it as numbers (numbers can be labels; text cannot be numbers).
 
-    A column with numbers in any dataset is numeric for the whole sweep, whichever dataset is
-    the reference, so text in it is reported as a bad value rather than coded.
+    By majority, so that one odd dataset cannot change what a column is for the whole sweep: a
+    dataset holding numbers in a label column fails alone, naming the setting that reads them as
+    labels (`batchfit.data.readers`), and text in a numeric column is reported as a bad value.
     """
-    kinds: dict[str, set[str]] = {}
-    for dataset_id in paths:
-        for name, kind in scanned[dataset_id]["columns"].items():
-            kinds.setdefault(name, set()).add(kind)
-    _check_listed_columns_exist(config, kinds)
-    return {name: config.columns.get(name, _DEFAULT) for name, seen in sorted(kinds.items())
-            if name in config.columns or ("text" in seen and "number" not in seen)}
+    counts: dict[str, Counter[str]] = {}
+    for dataset_id in files:
+        for name, kind in registry["datasets"][dataset_id]["columns"].items():
+            counts.setdefault(name, Counter())[kind] += 1
+    for table in registry["tables"].values():
+        for name, kinds in table["kinds"].items():
+            counts.setdefault(name, Counter()).update(kinds)
+    _check_listed_columns_exist(config, counts)
+    return {name: config.columns.get(name, _DEFAULT) for name, seen in sorted(counts.items())
+            if (name in config.columns and config.columns[name].label)
+            or (name not in config.columns and seen["text"] and seen["text"] >= seen["number"])}
 
 
-def _append_levels(
-    levels: dict[str, Any], name: str, settings: ColumnSettings, scanned: Mapping[str, Any],
-    paths: Mapping[str, Path], config: Config,
-) -> bool:
-    """Append the labels of column `name` not yet known (datasets by id, rows in order); never reorder."""
+def _append_levels(registry: dict[str, Any], name: str, settings: ColumnSettings, files: Mapping[str, Path],
+                   config: Config) -> bool:
+    """Append the labels of column `name` not yet known (in order of appearance: datasets by id, rows in order,
+    a table's labels at the group and row they first appear at); never reorder."""
+    levels = registry["levels"]
     known = levels.get(name)
     if known is not None and known["order"] != settings.order:
         log.warning("column '%s': order changed from %s to %s; its levels are recomputed, so its codes "
@@ -234,12 +266,13 @@ def _append_levels(
         known = None
     existing = known["levels"] if known else []
     present = set(existing)
-    fresh: dict[str, None] = {}
-    for dataset_id in paths:
-        # A label with a NUL character cannot be stored in any fit's NetCDF: it is never a level, and
-        # only the dataset holding it fails (loading it says why), not every dataset of the sweep.
-        fresh.update(dict.fromkeys(v for v in scanned[dataset_id]["labels"].get(name, ())
-                                   if v not in present and "\x00" not in v))
+    # A label with a NUL character cannot be stored in any fit's NetCDF: it is never a level, and only
+    # the dataset holding it fails (loading it says why), not every dataset of the sweep.
+    found = [(label, dataset_id, row) for dataset_id in files
+             for row, label in enumerate(registry["datasets"][dataset_id]["labels"].get(name, ()))]
+    found += [tuple(entry) for table in registry["tables"].values() for entry in table["labels"].get(name, ())]
+    fresh = dict.fromkeys(label for label, _, _ in sorted(found, key=lambda entry: (entry[1], entry[2]))
+                          if label not in present and "\x00" not in label)
     if not fresh and known is not None:
         return False
     new = sorted(fresh) if settings.order == "sorted" else list(fresh)
@@ -253,18 +286,27 @@ def _append_levels(
 
 
 def _coding(registry: Mapping[str, Any], config: Config, paths: Mapping[str, Path]) -> Coding:
-    """The label columns and their codings from a current registry."""
-    scanned = registry["datasets"]
+    """The label columns and their codings from a current registry; each dataset's columns (a table's group: the
+    table's)."""
+    files = _files(paths)
     labels = {}
-    for name, settings in _label_columns(scanned, config, paths).items():
+    for name, settings in _label_columns(registry, config, files).items():
         if settings.levels is not None:
             levels: tuple[str, ...] | None = settings.levels
         elif settings.scope == "dataset":
             levels = None
         else:
             levels = tuple(registry["levels"][name]["levels"])
-        labels[name] = ColumnCoding(levels, settings.order, as_text=name in config.columns)
-    return Coding(labels, {d: tuple(scanned[d]["columns"]) for d in paths})
+        labels[name] = ColumnCoding(levels, settings.order, as_text=name in config.columns and settings.label)
+    columns_of = {d: tuple(registry["datasets"][d]["columns"]) for d in files}
+    if isinstance(paths, DatasetIndex):
+        table_columns = {table: tuple(registry["tables"].get(_table_key(table), {}).get("columns", ()))
+                         for table in paths.tables}
+        for dataset_id in paths:
+            group = paths.group(dataset_id)
+            if group is not None:
+                columns_of[dataset_id] = table_columns[group[0]]
+    return Coding(labels, columns_of)
 
 
 def _check_listed_columns_exist(config: Config, kinds: Mapping[str, Iterable[str]]) -> None:

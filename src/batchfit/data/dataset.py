@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, KeysView, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from batchfit.config import ColumnSettings, Config, RowRules, TableSource
 from batchfit.data.discovery import check_suffix, file_kind
 from batchfit.data.labels import Coding
+from batchfit.data.rows import DroppedRows, check_bounds
 from batchfit.errors import DatasetError
 
 
@@ -29,23 +31,63 @@ class MissingColumnError(DatasetError, KeyError):
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """One loaded dataset: named arrays plus coordinate labels, as `build_model(data)` sees it."""
+    """One loaded dataset: named arrays plus coordinate labels, as `build_model(data)` sees it.
+
+    ``row_index``: each row's number in its file or table (the rows the row rules kept), for messages;
+    ``dropped``: how many rows each rule dropped; ``key_columns``: the key columns of the table it is a
+    group of, which are no data of it unless the config lists them.
+    """
 
     id: str
     path: Path
     arrays: dict[str, np.ndarray]
     coords: dict[str, tuple]
+    row_index: np.ndarray | None = None
+    dropped: DroppedRows = DroppedRows()
+    key_columns: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> np.ndarray:
         try:
             return self.arrays[name]
         except KeyError:
+            hint = (f" ({name!r} is a key column of the table {self.path}, which names the dataset and is no data "
+                    "of it; list it under the config's columns to give it to the model, e.g. "
+                    f"columns: {{{name}: {{}}}} for labels)") if name in self.key_columns else ""
             raise MissingColumnError(
-                f"no column {name!r}; available columns: {_names(self.arrays)}",
+                f"no column {name!r}; available columns: {_names(self.arrays)}{hint}",
                 dataset=self.id,
                 path=self.path,
                 column=name,
             ) from None
+
+    def scalar(self, name: str) -> np.ndarray:
+        """The dataset's one value of ``name`` as a 0-d array: a per-dataset value (a side table's, a numeric
+        ``params`` entry), or a column holding the same value on every row (a subject's dose or weight).
+
+        Entered as ``pm.Data(name, data.scalar(name))``, every dataset's value shares one compile; a
+        Python number (``float(data[name][0])``) would be a constant of the graph, a compile per value.
+        A column with more than one value is a `DatasetError` naming two rows that differ.
+        """
+        array = self[name]
+        if array.ndim == 0:
+            return array
+        if array.shape[0] == 0:
+            raise DatasetError(f"data.scalar({name!r}): column {name!r} has no rows", dataset=self.id, path=self.path,
+                               column=name)
+        rows = array.reshape(array.shape[0], -1)
+        first = rows[0]
+        differ = (rows != first).any(axis=1)
+        if array.dtype.kind == "f":
+            differ &= ~(np.isnan(rows) & np.isnan(first)).all(axis=1)
+        if differ.any():
+            other = int(np.argmax(differ))
+            where = self.row_index if self.row_index is not None else np.arange(array.shape[0])
+            raise DatasetError(
+                f"data.scalar({name!r}): column {name!r} holds more than one value: {array[0].tolist()!r} at row index "
+                f"{int(where[0])} and {array[other].tolist()!r} at row index {int(where[other])} (counting from 0); a "
+                "per-dataset value is the same on every row (or comes from a side table, config key values)",
+                dataset=self.id, path=self.path, column=name)
+        return np.asarray(array[0])
 
     def __contains__(self, name: object) -> bool:
         return name in self.arrays
@@ -78,14 +120,32 @@ class DataRequirement:
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """What reading a dataset takes from the config: the row rules, the columns' settings (their bounds), the
+    side tables of per-dataset values and build_model's parameters (each number among them a 0-d value)."""
+
+    rows: RowRules = RowRules()
+    columns: Mapping[str, ColumnSettings] = field(default_factory=dict)
+    values: tuple[TableSource, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Config) -> DataSettings:
+        return cls(config.rows, dict(config.columns), tuple(config.values), dict(config.params))
+
+
 def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None,
-                 params: Mapping[str, Any] | None = None) -> Dataset:
+                 settings: DataSettings = DataSettings(), values: Mapping[str, np.ndarray] | None = None,
+                 values_source: Any = None) -> Dataset:
     """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError.
 
     With the sweep's `coding`, label columns get the sweep's codes and text in a column that
     holds numbers elsewhere stays text (for `check_dataset` to report); without one, every
-    text column is coded within this file, by sorted labels. Each number among the config's
-    ``params`` is a 0-d float array of the dataset too (`with_params`).
+    text column is coded within this file, by sorted labels. The ``settings``' row rules and bounds
+    apply (`batchfit.data.rows`), its per-dataset ``values`` (a side table's: `finished`) are added, and
+    each number among the ``params`` is a 0-d float array of the dataset too (`with_params`). (A sweep's
+    datasets, table groups included, are loaded by `batchfit.data.reader.DatasetReader`.)
     """
     path = Path(path)
     check_suffix(dataset_id, path)
@@ -100,8 +160,23 @@ def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None,
         raise DatasetError("the file is empty", dataset=dataset_id, path=path)
     from batchfit.data.readers import read_arrays  # pandas and xarray: only where files are read
 
-    arrays, coords = read_arrays(dataset_id, path, file_kind(path), coding)
-    return with_params(Dataset(id=dataset_id, path=path, arrays=arrays, coords=coords), params or {})
+    rows = read_arrays(dataset_id, path, file_kind(path), coding, settings.rows)
+    dataset = Dataset(id=dataset_id, path=path, arrays=rows.arrays, coords=rows.coords, row_index=rows.row_index,
+                      dropped=rows.dropped)
+    return finished(dataset, settings, values, values_source)
+
+
+def finished(dataset: Dataset, settings: DataSettings, values: Mapping[str, np.ndarray] | None = None,
+             values_source: Any = None) -> Dataset:
+    """A dataset read from its rows, checked against the columns' bounds, with its per-dataset ``values`` (a
+    side table's, from ``values_source``) and the numbers among the ``params``."""
+    check_bounds(dataset.arrays, settings.columns, row_index=dataset.row_index, dataset=dataset.id, path=dataset.path)
+    if values:
+        from batchfit.data.values import with_values
+
+        dataset = dataclasses.replace(dataset, arrays=with_values(dataset.arrays, values, dataset=dataset.id,
+                                                                  path=dataset.path, side=values_source))
+    return with_params(dataset, settings.params)
 
 
 def with_params(dataset: Dataset, params: Mapping[str, Any]) -> Dataset:
@@ -161,47 +236,59 @@ def coerce_for_model(
     """
     check_dataset(dataset, requirements, allow_missing_values=allow_missing_values)
     return {
-        name: np.asarray(dataset.arrays[name], dtype=req.dtype, order="C")
+        name: np.asarray(_model_array(dataset, name, req), dtype=req.dtype, order="C")
         for name, req in requirements.items()
     }
+
+
+def _model_array(dataset: Dataset, name: str, req: DataRequirement) -> np.ndarray:
+    """The dataset's array that fills the model's ``pm.Data`` ``name``: a column's one value where the model holds
+    a 0-d value of that name (``pm.Data("WT", data.scalar("WT"))``), else the array itself."""
+    array = dataset.arrays[name]
+    return dataset.scalar(name) if req.ndim == 0 and array.ndim == 1 else array
 
 
 def _problems(dataset: Dataset, name: str, req: DataRequirement, allow_nan: bool) -> Iterator[str]:
     """Every reason array `name` cannot be given to the model as `req`; each names the column."""
     col = f"column {name!r}"
+    where = dataset.row_index
     if name not in dataset.arrays:
         yield f"{col} is missing; available columns: {_names(dataset.arrays)}"
         return
-    array = dataset.arrays[name]
+    try:
+        array = _model_array(dataset, name, req)
+    except DatasetError as exc:
+        yield exc.message
+        return
     if array.ndim != req.ndim:
         yield f"{col} has {array.ndim} dimension(s) but the model needs {req.ndim}"
         return
     wants_int = req.dtype.kind in "biu"
     labels = dataset.coords.get(name) if array.dtype.kind == "i" else None
     if labels is not None and not wants_int:
-        yield _text_problem(col, array, labels)
+        yield _text_problem(col, array, labels, where)
         return
     if labels is not None and np.any(array < 0):
-        yield _bad_rows(col, array < 0, "missing labels")
+        yield _bad_rows(col, array < 0, "missing labels", where)
         return
     if labels is not None and any("\x00" in label for label in labels):
         example = next(label for label in labels if "\x00" in label)
         yield f"{col} has labels with a NUL character, such as {example!r}, which the NetCDF outputs cannot store"
         return
     if array.dtype.kind not in "biuf":
-        yield _non_numeric_problem(col, array, wants_int)
+        yield _non_numeric_problem(col, array, wants_int, where)
         return
     values = array
     if array.dtype.kind == "f":
         nan, inf = np.isnan(array), np.isinf(array)
         if np.any(inf):
-            yield _bad_rows(col, inf, "infinite values")
+            yield _bad_rows(col, inf, "infinite values", where)
         if np.any(nan) and (wants_int or not allow_nan):
-            yield _bad_rows(col, nan, "missing (NaN) values")
+            yield _bad_rows(col, nan, "missing (NaN) values", where)
         fractional = np.isfinite(array) & (array != np.round(array))
         if wants_int and np.any(fractional):
             example = array[fractional].flat[0].item()
-            yield (f"{col} has fractional values such as {example!r} {_rows(fractional)}, "
+            yield (f"{col} has fractional values such as {example!r} {_rows(fractional, where)}, "
                    "but the model needs integers")
             return
         values = array[np.isfinite(array)]
@@ -225,19 +312,19 @@ def _range_problems(col: str, values: np.ndarray, dtype: np.dtype) -> Iterator[s
         )
 
 
-def _text_problem(col: str, codes: np.ndarray, labels: tuple[str, ...]) -> str:
+def _text_problem(col: str, codes: np.ndarray, labels: tuple[str, ...], where: np.ndarray | None) -> str:
     """Message for a label column where the model needs numbers, quoting a label and its rows."""
     bad = [code for code in range(len(labels)) if not _parses_as_number(labels[code])]
     present = np.isin(codes, bad)
     if np.any(present):
         example = labels[codes[present].flat[0]]
-        return f"non-numeric values such as {example!r} in {col} {_rows(present)}, but the model needs numbers"
+        return f"non-numeric values such as {example!r} in {col} {_rows(present, where)}, but the model needs numbers"
     example = f" (e.g. {labels[0]!r})" if labels else ""
     return (f"{col} was read as labels{example}, but the model needs numbers (a column listed under "
             "'columns:' in the config is always read as labels)")
 
 
-def _non_numeric_problem(col: str, array: np.ndarray, wants_int: bool) -> str:
+def _non_numeric_problem(col: str, array: np.ndarray, wants_int: bool, where: np.ndarray | None) -> str:
     """Message for a non-numeric array (text in a numeric column, a NetCDF string variable)."""
     text = np.vectorize(str, otypes=[object])(array) if array.size else array
     bad = ~np.vectorize(_parses_as_number, otypes=[bool])(text) if array.size else np.zeros(array.shape, bool)
@@ -246,7 +333,7 @@ def _non_numeric_problem(col: str, array: np.ndarray, wants_int: bool) -> str:
     hint = (" (if the column holds labels, list it under 'columns:' in the config so that every file's "
             "values are read as labels)") if wants_int else ""
     example = text[bad].flat[0]
-    return f"non-numeric values such as {example!r} in {col} {_rows(bad)}, but the model needs numbers{hint}"
+    return f"non-numeric values such as {example!r} in {col} {_rows(bad, where)}, but the model needs numbers{hint}"
 
 
 def _parses_as_number(text: str) -> bool:
@@ -258,17 +345,20 @@ def _parses_as_number(text: str) -> bool:
     return True
 
 
-def _bad_rows(col: str, mask: np.ndarray, what: str) -> str:
+def _bad_rows(col: str, mask: np.ndarray, what: str, where: np.ndarray | None) -> str:
     """'<what> in <col> in N row(s) (first at row index i, counting from 0)'."""
-    return f"{what} in {col} {_rows(mask)}".rstrip()
+    return f"{what} in {col} {_rows(mask, where)}".rstrip()
 
 
-def _rows(mask: np.ndarray) -> str:
-    """'in N row(s) (first at row index i, counting from 0)', counting rows along the first axis."""
+def _rows(mask: np.ndarray, where: np.ndarray | None = None) -> str:
+    """'in N row(s) (first at row index i, counting from 0)', counting rows along the first axis; ``where``: each
+    row's number in its file or table (the rows the row rules kept)."""
     if mask.ndim == 0:
         return ""
     rows = mask.reshape(mask.shape[0], -1).any(axis=1)
     count, first = int(rows.sum()), int(np.argmax(rows))
+    if where is not None and len(where) == len(rows):
+        first = int(where[first])
     return f"in {count} row(s) (first at row index {first}, counting from 0)"
 
 

@@ -6,48 +6,135 @@ every run) does not import pandas and xarray; they are imported only where a fil
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from batchfit.config import NO_RULES, RowRules
 from batchfit.data.labels import Coding, ColumnCoding
+from batchfit.data.rows import DroppedRows, apply_where_and_missing, infer_numbers
 from batchfit.errors import DatasetError, one_line
 
 
-def read_arrays(
-    dataset_id: str, path: Path, kind: str, coding: Coding | None = None
-) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+@dataclass(frozen=True)
+class Rows:
+    """A dataset's rows as arrays: named arrays, text-column labels, the rows each rule dropped, and each
+    row's number in its file or table (None for NetCDF, which has no rows)."""
+
+    arrays: dict[str, np.ndarray]
+    coords: dict[str, tuple]
+    dropped: DroppedRows = DroppedRows()
+    row_index: np.ndarray | None = None
+
+
+def read_arrays(dataset_id: str, path: Path, kind: str, coding: Coding | None = None,
+                rules: RowRules = NO_RULES) -> Rows:
     """Arrays and text-column labels of a "CSV", "Parquet" or "NetCDF" file; problems are DatasetErrors.
 
     Table columns are coded by the sweep's `coding` (see `batchfit.data.coding`), or without one
-    each text column within this file by sorted labels.
+    each text column within this file by sorted labels; the row ``rules`` apply to tables.
     """
     if kind == "NetCDF":
-        return _read_netcdf(dataset_id, path)
+        arrays, coords = _read_netcdf(dataset_id, path)
+        return Rows(arrays, coords)
     as_text = coding.as_text if coding is not None else frozenset()
     frame = _read_table(dataset_id, path, kind, as_text)
-    return _columns_to_arrays(frame, coding, dataset_id, path)
+    return frame_rows(frame, dataset_id=dataset_id, path=path, coding=coding, rules=rules, typed_by_text=kind == "CSV")
 
 
-def scan_table(
-    dataset_id: str, path: Path, kind: str, as_text: frozenset[str]
-) -> dict[str, tuple[str, list[str]]]:
-    """Each column's kind ("text", "number", or "empty" without values) and its distinct labels.
+def frame_rows(frame: pd.DataFrame, *, dataset_id: str, path: Path, coding: Coding | None,
+               rules: RowRules | DroppedRows, typed_by_text: bool, drop: Collection[str] = ()) -> Rows:
+    """One dataset's rows (``frame``: its file's, or its group of a table's, the index their numbers there) as
+    `Rows`: the row ``rules`` applied (or, given what they dropped, applied already), then the ``drop`` columns
+    removed (a table's keys), text columns whose
+    kept values are all numbers typed again where pandas typed them from text (``typed_by_text``: CSV, as a
+    file of just these rows would be), label columns coded by ``coding``.
 
-    Labels are listed in order of first appearance; `as_text` columns are read as text.
+    A column the sweep codes as labels that holds only numbers here fails the dataset alone, naming the
+    setting that reads it as labels everywhere (`_label_column_of_numbers`).
     """
+    if isinstance(rules, DroppedRows):
+        dropped = rules
+    else:
+        frame, dropped = apply_where_and_missing(frame, rules, dataset=dataset_id, path=path)
+    if frame.empty:
+        raise DatasetError(f"no rows are left once the row rules dropped {dropped.where} (rows.where) and "
+                           f"{dropped.missing} (rows.drop_missing)", dataset=dataset_id, path=path)
+    if drop:
+        frame = frame.drop(columns=list(drop))
+    labels = set(coding.labels) if coding is not None else set()
+    if typed_by_text:
+        frame = infer_numbers(frame, labels)
+    if coding is not None:
+        _label_column_of_numbers(frame, coding, dataset_id, path)
+    arrays, coords = _columns_to_arrays(frame, coding, dataset_id, path)
+    return Rows(arrays, coords, dropped, np.asarray(frame.index, dtype=np.int64))
+
+
+def scan_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str],
+               rules: RowRules = NO_RULES) -> dict[str, tuple[str, list[str]]]:
+    """Each column's vote on its kind (`column_vote`) once the row ``rules`` dropped their rows, and a text
+    column's distinct labels in order of first appearance; `as_text` columns are read as text."""
     frame = _read_table(dataset_id, path, kind, as_text)
+    frame, _ = apply_where_and_missing(frame, rules, dataset=dataset_id, path=path)
+    if kind == "CSV":
+        frame = infer_numbers(frame, as_text)
     found: dict[str, tuple[str, list[str]]] = {}
     for name, column in frame.items():
-        present = column.dropna()
-        if present.empty:
-            found[str(name)] = ("empty", [])
-        elif _is_number(column):
-            found[str(name)] = ("number", [])
-        else:
-            found[str(name)] = ("text", list(dict.fromkeys(present.astype(str))))
+        text = str(name) in as_text or not _is_number(column)
+        found[str(name)] = (column_vote(column, str(name) in as_text),
+                            list(dict.fromkeys(column.dropna().astype(str))) if text else [])
     return found
+
+
+def column_vote(column: pd.Series, as_text: bool = False) -> str:
+    """What one dataset says a column is, as the sweep's coding counts datasets (`batchfit.data.tables` counts
+    a table's groups alike): "empty" without values, "number" where more than half its values read as
+    numbers (a few words among numbers are typos, reported where the model reads it), else "text"."""
+    present = column.dropna()
+    if present.empty:
+        return "empty"
+    if as_text:
+        return "text"
+    if _is_number(column):
+        return "number"
+    parsed = pd.to_numeric(present.astype(object), errors="coerce").notna()
+    return "number" if parsed.mean() > 0.5 else "text"
+
+
+def column_kind(column: pd.Series, as_text: bool = False) -> str:
+    """"empty" (no value), "number" (numbers, or text that all reads as numbers) or "text": what a column is in one
+    dataset as it is loaded."""
+    present = column.dropna()
+    if present.empty:
+        return "empty"
+    if as_text:
+        return "text"
+    if _is_number(column) or not pd.to_numeric(present.astype(object), errors="coerce").isna().any():
+        return "number"
+    return "text"
+
+
+def _label_column_of_numbers(frame: pd.DataFrame, coding: Coding, dataset_id: str, path: Path) -> None:
+    """Fail a dataset whose column holds only numbers where most of the sweep's datasets hold text (labels):
+    read as labels its numbers would become levels of their own, read as numbers the model's labels are
+    missing; either way the dataset, not the sweep, is wrong, or the column must be read as text."""
+    for name, spec in coding.labels.items():
+        if spec.as_text or name not in frame.columns:
+            continue
+        column = frame[name]
+        if column_kind(column) != "number":
+            continue
+        example = column.dropna().iloc[0]
+        example = example.item() if isinstance(example, np.generic) else example
+        raise DatasetError(f"column {name!r} holds only numbers here (e.g. {example!r}), while the "
+                           "sweep's other datasets hold text (labels) in it; if its numbers are labels too, list the "
+                           "column "
+                           f"under the config's columns (columns: {{{name}: {{}}}}) so that every dataset's values "
+                           "are read as labels", dataset=dataset_id, path=path, column=name)
 
 
 def _read_table(dataset_id: str, path: Path, kind: str, as_text: frozenset[str] = frozenset()) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from batchfit.common.atomic import remove_stale_temporaries
 from batchfit.compat.nutpie import wait_for_sampler_threads
 from batchfit.compile.structures import Structure
 from batchfit.config import Config
-from batchfit.data.dataset import Dataset, load_dataset
+from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import source_of
 from batchfit.errors import (
     BatchfitError,
@@ -31,6 +31,7 @@ from batchfit.errors import (
     reason_of,
 )
 from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.fit_register import touching
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.lanes import LANE_STAGE, lanes
@@ -55,22 +56,23 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     # The datasets first, so that a dataset's log lines (each starts with its id) are found by
     # `batchfit status --dataset` and by grep.
     log.info("%s holds %d dataset(s): %s", batch_id, len(dataset_ids), " ".join(dataset_ids))
+    touching(config.layout, batch_id, dataset_ids)  # before any of their files changes: the register reads them
     owned = (path for d in dataset_ids for path in (config.layout.fit(d), config.layout.failure(d)))
     stale = remove_stale_temporaries(owned)  # before any lane starts writing its own
     if stale:
         log.info("removed %d temporary file(s) left by a killed job, e.g. %s", len(stale), stale[0])
     # the helpers start first: their start overlaps ours
     with lanes(config, dataset_ids, threads=threads, inputs=inputs) as job_lanes:
-        cache, paths, ref = prepare(config, inputs)
+        cache, reader, ref = prepare(config, inputs, wanted=dataset_ids)
         fitter = Fitter(config, ref, cache, compile_workers=threads)
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)
         progress = Progress(len(dataset_ids))
-        own = fit_datasets(fitter, job_lanes.claims, paths, threads=job_lanes.threads_each)
+        own = fit_datasets(fitter, job_lanes.claims, threads=job_lanes.threads_each)
         try:
             for outcome in in_batch_order(job_lanes.outcomes(own)):
                 if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
-                    record_failed(config, outcome, source_of(paths, outcome.dataset))
+                    record_failed(config, outcome, source_of(reader.index, outcome.dataset))
                 report.outcomes.append(outcome)
                 log.info("%s", outcome_line(outcome))
                 progress.done_one()
@@ -136,7 +138,7 @@ class DatasetFit:
     sampling: Sampling | None = None
 
 
-def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: Mapping[str, Path], *,
+def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], *,
                  threads: int) -> Iterator[tuple[int, Outcome]]:
     """Fit the claimed (position, dataset id) pairs one sample at a time; yield (position, Outcome) as each ends.
 
@@ -148,7 +150,7 @@ def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], paths: Mappi
     running: tuple[int, DatasetFit] | None = None
     try:
         for index, dataset_id in claims:
-            prepared = _prepare(fitter, dataset_id, paths)  # while `running` samples
+            prepared = _prepare(fitter, dataset_id)  # while `running` samples
             if isinstance(prepared, Outcome):
                 yield index, prepared
                 continue
@@ -181,14 +183,15 @@ def after_sampling() -> None:
         log.warning("nutpie's chain threads did not end within a minute after sampling")
 
 
-def _prepare(fitter: Fitter, dataset_id: str, paths: Mapping[str, Path]) -> DatasetFit | Outcome:
+def _prepare(fitter: Fitter, dataset_id: str) -> DatasetFit | Outcome:
     """Load, check and build one dataset and make its sampler model; a failure becomes its Outcome."""
-    job = DatasetFit(dataset_id, source_of(paths, dataset_id))
+    reader = fitter.ref.reader
+    job = DatasetFit(dataset_id, source_of(reader.index, dataset_id))
     try:
-        if dataset_id not in paths:
+        if dataset_id not in reader.index:
             raise BatchfitError(f"dataset '{dataset_id}' is not among the config's datasets")
-        job.provenance = fitter.provenance(dataset_id, paths[dataset_id])
-        job.dataset = load_dataset(dataset_id, paths[dataset_id], fitter.ref.coding, fitter.config.params)
+        job.provenance = fitter.provenance(dataset_id)
+        job.dataset = reader.load(dataset_id)
         job.stage = "build"
         job.model = fitter.build(job.dataset)
         job.stage = "compile"
@@ -214,6 +217,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
         tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
+                           "dropped_where": job.dataset.dropped.where, "dropped_missing": job.dataset.dropped.missing,
                            "wall_seconds": round(time.perf_counter() - job.started, 3), "source": str(job.path)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
@@ -261,7 +265,9 @@ def _failed(config: Config, job: DatasetFit, exc: Exception) -> Outcome:
     loaded = job.dataset
     outcome = Outcome(job.id, "failed", time.perf_counter() - job.started, job.stage, type(exc).__name__, message,
                       trace, reason=reason, rows=loaded.n_rows if loaded is not None else None,
-                      groups=format_groups(loaded.groups) if loaded is not None else "")
+                      groups=format_groups(loaded.groups) if loaded is not None else "",
+                      dropped_where=loaded.dropped.where if loaded is not None else None,
+                      dropped_missing=loaded.dropped.missing if loaded is not None else None)
     record_failed(config, outcome, job.path)
     return outcome
 

@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,10 @@ from batchfit.compile.structures import CACHED, FAILED, NUTPIE, PYMC, Structure,
 from batchfit.compile.workers import ModelSource
 from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model, load_dataset
-from batchfit.data.discovery import source_of
+from batchfit.data.dataset import Dataset, DataSettings, check_dataset, coerce_for_model
+from batchfit.data.discovery import discover_datasets, source_of
 from batchfit.data.labels import Coding
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import (
     BatchfitError,
     CachedPathUnsupported,
@@ -77,37 +78,50 @@ def dataset_seed(global_seed: int, dataset_id: str) -> int:
 class Reference:
     """The dataset whose model defines the structure, dtypes and compile for the whole sweep.
 
-    `coding` is the sweep's coding of text columns, with which every dataset is loaded.
+    `reader` loads every dataset of the job as the reference was loaded: with the sweep's coding of
+    text columns (`coding`), the row rules and the per-dataset values.
     """
 
     dataset: Dataset
     model: Any
     requirements: dict[str, Any]
-    coding: Coding
+    reader: DatasetReader
+
+    @property
+    def coding(self) -> Coding:
+        return self.reader.coding
 
 
-def reference_model(config: Config, paths: Mapping[str, Path], coding: Coding | None = None) -> Reference:
+def reference_model(config: Config, reader: DatasetReader) -> Reference:
     """Build the model for the first dataset (by id) that loads and builds.
 
-    Every job uses the same reference and the same coding (default: the sweep's, `sweep_coding`),
-    so all datasets get the same dtypes and codes and share one cache entry however they are batched.
+    Every job uses the same reference and the same coding (the reader's: the sweep's), so all
+    datasets get the same dtypes and codes and share one cache entry however they are batched.
     """
     module = load_model_file(config.model)
-    coding = sweep_coding(config, paths) if coding is None else coding
+    paths = reader.index
     errors: dict[str, BatchfitError] = {}
-    for dataset_id, path in paths.items():
+    for dataset_id in paths:
         try:
-            dataset = load_dataset(dataset_id, path, coding, config.params)
+            dataset = reader.load(dataset_id)
             model = build_model(module, dataset, config.params)
             reqs = requirements(model)
             check_dataset(dataset, reqs)
-            return Reference(dataset, model, reqs, coding)
+            return Reference(dataset, model, reqs, reader)
         except BatchfitError as exc:  # a staged copy's error names the sweep's file
             errors[dataset_id] = exc.naming(source_of(paths, dataset_id)) if isinstance(exc, DatasetError) else exc
             if len(errors) >= 3:
                 break
     raise ModelContractError(f"no dataset could be loaded and built into a model (tried {len(errors)}):\n  "
                              + "\n  ".join(_grouped(errors, paths)))
+
+
+def sweep_reader(config: Config, paths: Mapping[str, Path] | None = None, *, wanted: Iterable[str] | None = None,
+                 record: bool = True) -> DatasetReader:
+    """The reader of a sweep's datasets (``paths``: default, the config's), with the sweep's coding
+    (`sweep_coding`; ``record`` false: not written)."""
+    paths = discover_datasets(config) if paths is None else paths
+    return DatasetReader(paths, DataSettings.of(config), sweep_coding(config, paths, record=record), wanted=wanted)
 
 
 def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> list[str]:
@@ -123,12 +137,15 @@ def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> 
     return lines
 
 
-def prepare(config: Config, inputs: JobInputs = SHARED) -> tuple[CacheDir, Mapping[str, Path], Reference]:
+def prepare(config: Config, inputs: JobInputs = SHARED, *,
+            wanted: Iterable[str] | None = None) -> tuple[CacheDir, DatasetReader, Reference]:
     """Open the cache (installing missing entries from the inputs' compiled bundle: `open_cache`),
-    find the datasets and build the reference model, from the job's ``inputs``."""
+    find the datasets and build the reference model, from the job's ``inputs``; ``wanted``: the datasets the
+    job will load (its batch), whose tables' rows are read at once."""
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared, bundle=inputs.bundle)
     paths = inputs.datasets(config)
-    return cache, paths, reference_model(config, paths, inputs.coding(config, paths))
+    reader = DatasetReader(paths, inputs.data_settings(config), inputs.coding(config, paths), wanted=wanted)
+    return cache, reader, reference_model(config, reader)
 
 
 def model_input(dataset: Dataset, ref: Reference) -> Dataset:
@@ -137,10 +154,9 @@ def model_input(dataset: Dataset, ref: Reference) -> Dataset:
     return dataclasses.replace(dataset, arrays={**dataset.arrays, **coerced})
 
 
-def model_source(config: Config, dataset: Dataset, coding: Coding) -> ModelSource:
+def model_source(config: Config, dataset: Dataset) -> ModelSource:
     """How a compile worker rebuilds the model of ``dataset``."""
-    return ModelSource(Path(config.model).resolve(), dataset.id, Path(dataset.path).resolve(),
-                       coding.for_dataset(dataset.id), config.outputs, dict(config.params))
+    return ModelSource(Path(config.model).resolve(), dataset, config.outputs, dict(config.params))
 
 
 @dataclass
@@ -229,13 +245,14 @@ class Fitter:
         return self._structure(model, dataset)
 
     def _structure(self, model: Any, dataset: Dataset) -> Structure:
-        return self.structures.for_model(model, model_source(self.config, dataset, self.ref.coding),
+        return self.structures.for_model(model, model_source(self.config, dataset),
                                          baked=baked_values(model, dataset))
 
-    def provenance(self, dataset_id: str, data_path: Path) -> Provenance:
-        """What a fit of this dataset records: hashed before the file is loaded, so a file
-        changed meanwhile leaves a digest that no longer matches, and the dataset pending."""
-        return dataset_provenance(self.sweep_parts, dataset_id, file_sha256(data_path),
+    def provenance(self, dataset_id: str) -> Provenance:
+        """What a fit of this dataset records: its data hashed before they are loaded (a file changed
+        meanwhile leaves a digest that no longer matches, and the dataset pending; a table's group is
+        hashed from the very rows it is loaded from)."""
+        return dataset_provenance(self.sweep_parts, dataset_id, self.ref.reader.digest(dataset_id),
                                   self.ref.coding.for_dataset(dataset_id))
 
     def settings_problems(self, structure: Structure, model: Any) -> list[SettingProblem]:

@@ -1,15 +1,17 @@
 """What a fit job reads besides the config: the compiled bundle, and the sweep's datasets and coding.
 
-On a shared filesystem a job finds the datasets where the config's patterns say and the label
+On a shared filesystem a job finds the datasets where the config's sources say and the label
 coding in ``{results_dir}/coding.json``. Without one (a storage plugin moves a job's declared
 inputs, nothing else: docs/cluster.md), the submitting side stages for each job a directory
-with exactly what it reads (`stage_inputs`): its batch's data files and the reference dataset's
-(the first dataset that builds, which fixes every fit's dtypes), the sweep's registry of codes,
-and the sweep's dataset ids, on which the coding depends. One module writes and reads the format.
+with exactly what it reads (`stage_inputs`): its batch's data files, or the rows of its groups of
+a table, and the reference dataset's (the first dataset that builds, which fixes every fit's
+dtypes), the sweep's registry of codes, and the ids of the sweep's files, on which the coding
+depends (the tables' part of it is in the registry). One module writes and reads the format.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from batchfit.config import Config
+from batchfit.config import Config, TableSource
 from batchfit.data.coding import recorded_coding, sweep_coding
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.data.dataset import DataSettings
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.errors import BatchfitError
 
@@ -42,18 +45,35 @@ class JobInputs:
     staged: Path | None = None
 
     def datasets(self, config: Config) -> Mapping[str, Path]:
-        """The datasets this job can read, id -> file: the config's, or the staged ones."""
+        """The datasets this job can read, id -> file: the config's, or the staged ones (a table's groups read
+        from the staged copy of their rows)."""
         if self.staged is None:
             return discover_datasets(config)
         manifest = self._manifest
-        return DatasetFiles(((d, self.staged / name) for d, name in manifest["files"].items()), manifest["sources"])
+        tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in manifest["tables"]]
+        groups = {d: (tables[number], tuple(key)) for d, (number, key) in manifest["groups"].items()}
+        located = {table: self.staged / t["staged"] for table, t in zip(tables, manifest["tables"], strict=True)}
+        files = {d: self.staged / name for d, name in manifest["files"].items()}
+        files.update({d: located[table] for d, (table, _) in groups.items()})
+        return DatasetIndex(sorted(files.items()), manifest["sources"], groups, located)
 
     def coding(self, config: Config, paths: Mapping[str, Path]) -> Coding:
         """The sweep's coding: recorded (and updated) in the results directory, or the staged registry's."""
         if self.staged is None:
             return sweep_coding(config, paths)
-        ids = self._manifest["sweep"]
-        return recorded_coding(config, self.staged / _REGISTRY, dict.fromkeys(ids, Path()))
+        sweep = DatasetIndex([(d, Path()) for d in self._manifest["sweep"]])  # the sweep's files: the coding's
+        coding = recorded_coding(config, self.staged / _REGISTRY, sweep)
+        staged = recorded_coding(config, self.staged / _REGISTRY, paths)  # this job's datasets' columns
+        return Coding(coding.labels, {**coding.columns_of, **staged.columns_of})
+
+    def data_settings(self, config: Config) -> DataSettings:
+        """What reading the datasets takes from the config; the side tables' staged copies for a staged job."""
+        settings = DataSettings.of(config)
+        if self.staged is None:
+            return settings
+        staged = [TableSource(self.staged / name, side.by)
+                  for name, side in zip(self._manifest["values"], config.values, strict=True)]
+        return dataclasses.replace(settings, values=tuple(staged))
 
     def members(self) -> list[str]:
         """The datasets staged for fitting (the batch; the reference may be staged only to build it)."""
@@ -81,7 +101,9 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
     """Write ``directory``: what a job fitting ``members`` of the sweep ``datasets`` reads (see module docstring).
 
     ``reference``: the compile stage's reference dataset. Files are hard-linked where the filesystem
-    allows (the directory only travels through storage), copied otherwise.
+    allows (the directory only travels through storage), copied otherwise; a table's groups are written
+    as a table of just their rows (`batchfit.data.tables.write_rows`), whose groups read back as the
+    table's do.
     """
     unknown = [d for d in [*members, *([reference] if reference else [])] if d not in datasets]
     if unknown:
@@ -91,14 +113,38 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
         raise BatchfitError(f"the sweep's label registry {registry} is missing: the sweep's run writes it first")
     data = directory / _DATA
     data.mkdir(parents=True, exist_ok=True)
-    files, sources = {}, {}
+    index = datasets if isinstance(datasets, DatasetIndex) else DatasetIndex(datasets.items())
+    files, sources, groups = {}, {}, {}
+    wanted: dict[TableSource, dict[str, tuple]] = {}
     for dataset_id in sorted({*([reference] if reference else []), *members}):
+        sources[dataset_id] = str(index.source(dataset_id))  # what the fit and its failure record name
+        group = index.group(dataset_id)
+        if group is not None:
+            wanted.setdefault(group[0], {})[dataset_id] = group[1]
+            continue
         source = Path(datasets[dataset_id])
         files[dataset_id] = f"{_DATA}/{dataset_id}{''.join(source.suffixes)}"
-        sources[dataset_id] = str(source)  # what the fit and its failure record name
         _link_or_copy(source, directory / files[dataset_id])
+    tables = []
+    as_text = {name for name, column in config.columns.items() if column.label}
+    for number, (table, members_of) in enumerate(wanted.items()):
+        from batchfit.data.tables import stage_rows
+
+        staged = stage_rows(table, members_of, data / f"table-{number}", index.location(table), as_text=as_text)
+        tables.append({"table": str(table.table), "by": list(table.by), "staged": str(staged.relative_to(directory))})
+        groups.update({d: [number, list(key)] for d, key in members_of.items()})
+    values = []
+    for number, side in enumerate(config.values):  # small beside the data: whole
+        target = data / f"values-{number}{''.join(Path(side.table).suffixes)}"
+        if Path(side.table).is_dir():
+            shutil.copytree(side.table, target, dirs_exist_ok=True)
+        else:
+            _link_or_copy(Path(side.table), target)
+        values.append(str(target.relative_to(directory)))
     shutil.copyfile(registry, directory / _REGISTRY)
-    manifest = {"members": list(members), "files": files, "sources": sources, "sweep": list(datasets)}
+    sweep_files = [d for d in datasets if index.group(d) is None]
+    manifest = {"members": list(members), "files": files, "sources": sources, "sweep": sweep_files,
+                "tables": tables, "groups": groups, "values": values}
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # this process loads the entries the job loads.
     config = spec["config"]
 
-    cache, paths, ref = prepare(config, spec["inputs"])
+    cache, _, ref = prepare(config, spec["inputs"], wanted=spec["ids"])
     fitter = Fitter(config, ref, cache, compile_workers=spec["threads"])
     claims = Claims(spec["ids"], Path(spec["counter"]))
 
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _report(out, lock, {"claimed": index})
             yield index, dataset_id
 
-    for index, outcome in fit_datasets(fitter, claimed(), paths, threads=spec["threads"]):
+    for index, outcome in fit_datasets(fitter, claimed(), threads=spec["threads"]):
         _report(out, lock, {"index": index, "outcome": dataclasses.asdict(outcome)})
     return 0
 

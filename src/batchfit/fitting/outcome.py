@@ -30,6 +30,8 @@ class Outcome:
     reason: str = ""  # a failure's message without the dataset: alike for datasets that fail alike
     rows: int | None = None  # the dataset's rows, once it was loaded
     groups: str = ""  # its distinct labels per text column (`format_groups`), once it was loaded
+    dropped_where: int | None = None  # the rows the row rules dropped, once it was loaded (`batchfit.data.rows`)
+    dropped_missing: int | None = None
     # a fitted dataset's health thresholds crossed that its sampler's statistics decide (divergences, tree
     # depth, E-BFMI) and its rows (`batchfit.fitting.sampler_health.sampler_reasons`); R-hat and ESS: collect's
     warnings: list[str] = field(default_factory=list)
@@ -67,7 +69,8 @@ def record_failure(config: Config, outcome: Outcome, path: Path | None) -> None:
     """Write a dataset's failure record atomically (read by collect into failures.csv)."""
     record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
               "error_type": outcome.error_type, "message": outcome.message, "reason": outcome.reason,
-              "traceback": outcome.traceback, "rows": outcome.rows, "groups": outcome.groups}
+              "traceback": outcome.traceback, "rows": outcome.rows, "groups": outcome.groups,
+              "dropped_where": outcome.dropped_where, "dropped_missing": outcome.dropped_missing}
     with atomic_path(config.layout.failure(outcome.dataset)) as tmp:
         tmp.write_text(json.dumps(record, indent=1))
 
@@ -112,5 +115,6 @@ def read_failure(dataset_id: str, path: Path) -> dict[str, str]:
         raise DatasetError(
             f"failure record is for dataset '{record['dataset']}'", dataset=dataset_id, path=path
         )
-    read = {key: "" if record.get(key) is None else str(record[key]) for key in [*FAILURE_COLUMNS, "rows", "groups"]}
+    read = {key: "" if record.get(key) is None else str(record[key])
+            for key in [*FAILURE_COLUMNS, "rows", "groups", "dropped_where", "dropped_missing"]}
     return read | {"reason": failure_reason(record)}

@@ -20,9 +20,9 @@ coordinates of every dataset with that column), is part of the digest too.
 
 Plan-time cost: data files are hashed through a cache (``{results}/data_sha256.json``) keyed by
 path, size and modification time; a file whose modification time changed is hashed again and, if
-its content is the same, gives the same digest. Fits are read through their small sidecars,
-far cheaper than opening a NetCDF file (and importing netCDF4 to do so), and only a fit whose
-sidecar is missing or does not match it (its size and modification time) is opened.
+its content is the same, gives the same digest; a table's groups come with its scan
+(`batchfit.data.tables`). What each fit recorded is read from the sweep's fit register
+(`batchfit.fitting.fit_register`), not from a file per dataset.
 """
 
 from __future__ import annotations
@@ -44,10 +44,14 @@ from batchfit import __version__
 from batchfit.common.atomic import atomic_path
 from batchfit.common.hashing import file_sha256, package_sources, sources_digest
 from batchfit.compile.fingerprint import LIBRARIES
-from batchfit.config import Config
+from batchfit.config import Config, config_to_dict
 from batchfit.data.coding import sweep_coding
 from batchfit.data.coding import write_planned as write_planned_coding
-from batchfit.data.discovery import discover_datasets
+from batchfit.data.dataset import DataSettings
+from batchfit.data.discovery import discover_datasets, table_scans, write_planned_scans
+from batchfit.data.labels import Coding
+from batchfit.data.reader import DatasetReader, data_digest
+from batchfit.data.values import read_side_values
 from batchfit.layout import ResultsLayout
 from batchfit.model.imports import user_imports
 
@@ -64,14 +68,32 @@ _RACY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
-class Provenance:
-    """The inputs that determine one dataset's fit, and their digest."""
+class SweepParts:
+    """The parts of a provenance shared by every dataset of a sweep, and their digest (computed once: a sweep
+    of many datasets digests each dataset's own parts only)."""
 
     parts: Mapping[str, Any]
 
     @functools.cached_property
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.parts, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The inputs that determine one dataset's fit (the sweep's parts and its own), and their digest."""
+
+    sweep: SweepParts
+    own: Mapping[str, Any]
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        return {**self.sweep.parts, **self.own}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        own = json.dumps(self.own, sort_keys=True)
+        return hashlib.sha256(f"{self.sweep.digest}\n{own}".encode()).hexdigest()
 
     def attributes(self) -> dict[str, str]:
         """Root attributes of the fit: the digest and its parts, nested ones as JSON."""
@@ -93,45 +115,71 @@ def versions() -> dict[str, str]:
             **{name: version(name) for name in LIBRARIES}}
 
 
-def sweep_parts(config: Config, *, model_sha256: str | None = None) -> dict[str, Any]:
-    """The parts shared by every dataset of a sweep (``model_sha256``: of the model file as loaded)."""
-    return {
+def sweep_parts(config: Config, *, model_sha256: str | None = None) -> SweepParts:
+    """The parts shared by every dataset of a sweep (``model_sha256``: of the model file as loaded): the
+    settings that shape a fit, including the row rules and columns' bounds that shape its data."""
+    plain = config_to_dict(config)
+    return SweepParts({
         "sampler": config.sampler_dict(),
         "outputs": dataclasses.asdict(config.outputs),
         "model_hash": model_sha256 or file_sha256(config.model),
         "model_imports": user_imports(config.model),
         "params": dict(config.params),
+        "rows": plain["rows"],
+        "bounds": {name: column for name, column in plain["columns"].items() if "min" in column or "max" in column},
         "versions": versions(),
         "code_hash": code_sha256(),
-    }
+    })
 
 
-def dataset_provenance(
-    sweep: Mapping[str, Any], dataset_id: str, data_sha256: str, coding: Mapping[str, Any]
-) -> Provenance:
-    """One dataset's provenance from the sweep's parts, its data file's sha256 and its coding."""
-    return Provenance({**sweep, "dataset": dataset_id, "data_sha256": data_sha256, "coding": dict(coding)})
+def dataset_provenance(sweep: SweepParts, dataset_id: str, data_sha256: str, coding: Mapping[str, Any]) -> Provenance:
+    """One dataset's provenance from the sweep's parts, its data's digest (`batchfit.data.reader.data_digest`) and
+    its coding."""
+    return Provenance(sweep, {"dataset": dataset_id, "data_sha256": data_sha256, "coding": dict(coding)})
 
 
-def expected_provenance(config: Config, dataset_id: str, data_path: str | Path) -> Provenance:
+def expected_provenance(config: Config, dataset_id: str) -> Provenance:
     """What a fit of ``dataset_id`` made now with ``config`` records (data hashed afresh)."""
-    coding = sweep_coding(config, discover_datasets(config)).for_dataset(dataset_id)
-    return dataset_provenance(sweep_parts(config), dataset_id, file_sha256(data_path), coding)
+    datasets = discover_datasets(config)
+    coding = sweep_coding(config, datasets)
+    reader = DatasetReader(datasets, DataSettings.of(config), coding)
+    return dataset_provenance(sweep_parts(config), dataset_id, reader.digest(dataset_id),
+                              coding.for_dataset(dataset_id))
 
 
 def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bool = True) -> dict[str, str]:
-    """Every dataset's expected digest, hashing only data files that changed since the last call.
+    """Every dataset's expected digest, hashing only data files that changed since the last call (a table's
+    groups come with its scan: `batchfit.data.discovery.table_scans`).
 
     ``record`` false reads the coding and digest caches without updating them (`batchfit status`).
     """
     sweep = sweep_parts(config)
     coding = sweep_coding(config, datasets, record=record)
     cache = DigestCache(config.layout.data_digests)
-    digests = {d: dataset_provenance(sweep, d, cache.sha256(path), coding.for_dataset(d)).digest
-               for d, path in datasets.items()}
+    groups = {d: digest for scan in table_scans(config) for d, digest in scan.digests.items()}
+    side = read_side_values(config.values, config.source) if config.values else None
+    own = _OwnCoding(coding)
+    digests = {}
+    for d, path in datasets.items():
+        rows = groups[d] if d in groups else cache.sha256(path)
+        digests[d] = dataset_provenance(sweep, d, data_digest(rows, side.digest(d) if side else ""), own(d)).digest
     if record:
         cache.save()
     return digests
+
+
+class _OwnCoding:
+    """`Coding.for_dataset` of many datasets, computed once per set of columns (a table's groups share theirs)."""
+
+    def __init__(self, coding: Coding):
+        self.coding = coding
+        self.known: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def __call__(self, dataset_id: str) -> dict[str, Any]:
+        columns = tuple(self.coding.columns_of.get(dataset_id, ()))
+        if columns not in self.known:
+            self.known[columns] = self.coding.for_dataset(dataset_id)
+        return self.known[columns]
 
 
 class DigestCache:
@@ -196,6 +244,7 @@ def write_planned(config: Config) -> None:
     and scan every data file again, one behind the other at the registry's lock, which slows a
     warm sweep of many small datasets (`benchmarks/sweep.py`). Not over files a process wrote since.
     """
+    write_planned_scans()
     write_planned_coding(config)
     path = config.layout.data_digests
     digests = _planned_digests.pop(path, None)
@@ -219,34 +268,3 @@ def record_digest(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
     stat = layout.fit(dataset_id).stat()
     data = {"dataset": dataset_id, "provenance": digest, "fit_size": stat.st_size, "fit_mtime_ns": stat.st_mtime_ns}
     layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
-
-
-def fit_digest(path: str | Path) -> str | None:
-    """The digest a fit file recorded (None for a fit without one, e.g. from before batchfit recorded it)."""
-    import netCDF4
-
-    with netCDF4.Dataset(path) as nc:
-        return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
-
-
-def recorded_digest(config: Config, dataset_id: str) -> str | None:
-    """The digest of a dataset's fit: None without a fit; from the sidecar if it describes this fit file.
-
-    A fit replaced by other means than batchfit (copied, restored from a backup) no longer
-    matches its sidecar's size and modification time and is read itself.
-    """
-    fit = config.layout.fit(dataset_id)
-    try:
-        stat = fit.stat()
-    except FileNotFoundError:
-        return None
-    try:
-        side = json.loads(config.layout.sidecar(dataset_id).read_text())
-        if [side["fit_size"], side["fit_mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
-            return side["provenance"]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass  # no sidecar, or a damaged one: the fit itself says
-    try:
-        return fit_digest(fit)
-    except OSError:  # an unreadable fit is as good as none
-        return None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
 from batchfit.errors import BatchfitError
+from batchfit.fitting.fit_register import touching
 from batchfit.fitting.provenance import record_digest
 from batchfit.layout import ResultsLayout
 
@@ -32,7 +33,9 @@ def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]
         if len(manifests) != 1:
             raise BatchfitError(f"{directory} is not a fit job's output directory: it holds {len(manifests)} "
                                 "batch manifests, not one")
-        for dataset_id in json.loads(manifests[0].read_text())["datasets"]:
+        adopted = list(json.loads(manifests[0].read_text())["datasets"])
+        touching(layout, f"adopted-{manifests[0].stem}", adopted)
+        for dataset_id in adopted:
             if job.fit(dataset_id).exists():
                 _adopt_fit(layout, job, dataset_id)
                 fits += 1

@@ -25,6 +25,7 @@ import pandas as pd
 from batchfit.common.atomic import atomic_path
 from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import (
@@ -108,7 +109,7 @@ class CollectReport:
 
 def collect(
     config: CollectConfig, dataset_ids: Sequence[str], *, expected_provenance: Mapping[str, str] | None = None,
-    workers: int | SummaryHelpers = 1,
+    workers: int | SummaryHelpers = 1, register: FitRegister | None = None,
 ) -> CollectReport:
     """Collect the sweep's fits using the layout, health thresholds and summary settings of a `Config`.
 
@@ -118,7 +119,7 @@ def collect(
     processes it started early for ``workers``.
     """
     return collect_fits(dataset_ids, fits=config.layout, thresholds=config.health, summary=config.summary,
-                        expected_provenance=expected_provenance, workers=workers)
+                        expected_provenance=expected_provenance, workers=workers, register=register)
 
 
 def collect_fits(
@@ -130,6 +131,7 @@ def collect_fits(
     summary: SummarySettings | None = None,
     expected_provenance: Mapping[str, str] | None = None,
     workers: int | SummaryHelpers = 1,
+    register: FitRegister | None = None,
 ) -> CollectReport:
     """Write summary.csv, datasets.csv, posteriors.nc and failures.csv of `out` (default: `fits`) for
     `dataset_ids`, whose fits and failure records are in `fits`.
@@ -137,9 +139,10 @@ def collect_fits(
     posteriors.nc (`batchfit.outputs.combined`) and summary.csv hold the variables `summary` selects;
     the status is scored on those `thresholds` selects (see `batchfit.model.variables`).
 
-    Incremental: each fit's summary rows, divergences and layout are cached in
-    ``summaries/{id}.json`` of `out`, keyed by the fit file's
-    sha256 and every setting and code the summary depends on (`summary_key`); only fits without
+    Incremental: each fit's summary rows, divergences and layout are cached in the store of
+    ``summaries/`` of `out` (`SummaryCache`), keyed by the fit file's sha256 (or, given the sweep's
+    ``register``, the stamp it records of the fit) and every setting and code the summary depends
+    on (`summary_key`); only fits without
     a matching entry are read and summarised (`CollectReport.summarised_ids`), shared out between
     this process and helpers when there are many (``workers``: processes at once, or helpers
     already started; `SummaryCache.fill`). posteriors.nc is
@@ -155,13 +158,19 @@ def collect_fits(
     """
     out = out or fits
     fit_path, failure_path = fits.fit, fits.failure
-    fitted, failed = _classify(dataset_ids, fit_path, failure_path)
+    if register is None:
+        has_fit, has_failure = (lambda d: Path(fit_path(d)).is_file()), (lambda d: Path(failure_path(d)).is_file())
+    else:
+        has_fit, has_failure = (lambda d: register.digest(d) is not None), register.failed
+    fitted, failed = _classify(dataset_ids, has_fit, has_failure, fit_path, failure_path)
     failures = {d: read_failure(d, failure_path(d)) for d in failed}
     summary = summary or SummarySettings()
-    cache = SummaryCache(out.summaries, summary, thresholds)
+    stamps = {d: register.fit_stamp(d) for d in fitted} if register is not None else None
+    cache = SummaryCache(out.summaries, summary, thresholds, stamps)
     # Paths as text: Path objects cost memory per dataset, and most of it stays with the process
     # once they are freed, so collect's peak would grow with N (`benchmarks/collect.py`)
-    cache.fill([(d, str(fit_path(d))) for d in fitted], workers)
+    fits_of = [(d, str(fit_path(d))) for d in fitted]
+    cache.fill(fits_of, workers)
     columns = summary_columns(summary)
     statuses: dict[str, str] = {}
     fallbacks: dict[str, list[str]] = {}
@@ -169,7 +178,8 @@ def collect_fits(
     stacked = SweepLayout()  # posteriors.nc's
     with (atomic_path(out.summary) as summary_tmp, atomic_path(out.datasets_csv) as datasets_tmp,
           atomic_path(out.posteriors) as posteriors_tmp):
-        with open(summary_tmp, "w", newline="") as csv_file, open(datasets_tmp, "w", newline="") as datasets_file:
+        with (open(summary_tmp, "w", newline="") as csv_file, open(datasets_tmp, "w", newline="") as datasets_file,
+              cache.taking_in(fits_of) as entries):
             # as pandas' to_csv writes, without a DataFrame per dataset
             csv_out = csv.writer(csv_file, lineterminator="\n")
             csv_out.writerow(columns)
@@ -179,7 +189,7 @@ def collect_fits(
                 if dataset_id in failures:
                     datasets_out.writerow(_dataset_cells(failed_row(failures[dataset_id])))
                     continue
-                entry = cache.entry(dataset_id, Path(fit_path(dataset_id)))
+                entry = next(entries)  # in the order of `fitted`, which is the sweep's
                 # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
                 recorded = entry["attrs"].get("provenance")
                 if expected_provenance is not None and recorded != expected_provenance[dataset_id]:
@@ -237,8 +247,7 @@ def _write_posteriors(
     read = []
     with (no_chunk_cache(), stacked_writer(tmp, layout, fitted) as writer,
           previous_blocks(previous, layout.signature()) as (old, blocks)):
-        for i, dataset_id in enumerate(fitted):
-            entry = cache.load(dataset_id)
+        for i, (dataset_id, entry) in enumerate(zip(fitted, cache.stored_entries(), strict=True)):
             block = blocks.get(dataset_id)
             if old is not None and block is not None and block[1] == entry["fit_sha256"]:
                 writer.copy(i, old, block[0])
@@ -275,6 +284,8 @@ def _keep_for_next_collect(posteriors: Path, keep: Path) -> None:
 
 def _classify(
     dataset_ids: Sequence[str],
+    has_fit: Callable[[str], bool],
+    has_failure: Callable[[str], bool],
     fit_path: Callable[[str], Path],
     failure_path: Callable[[str], Path],
 ) -> tuple[list[str], list[str]]:
@@ -289,13 +300,12 @@ def _classify(
         )
     fitted, failed, missing, both = [], [], [], []
     for dataset_id in dataset_ids:
-        has_fit = Path(fit_path(dataset_id)).is_file()
-        has_failure = Path(failure_path(dataset_id)).is_file()
-        if has_fit and has_failure:
+        fit, failure = has_fit(dataset_id), has_failure(dataset_id)
+        if fit and failure:
             both.append(dataset_id)
-        elif has_fit:
+        elif fit:
             fitted.append(dataset_id)
-        elif has_failure:
+        elif failure:
             failed.append(dataset_id)
         else:
             missing.append(dataset_id)

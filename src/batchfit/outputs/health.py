@@ -26,8 +26,10 @@ DIAGNOSTICS = ("divergences", "max_r_hat", "min_ess_bulk", "min_ess_tail", "max_
 # datasets.csv: one row per dataset. The one list of its columns: a new dataset-level diagnostic is a
 # column here and a key of `score_health`'s result (in `DIAGNOSTICS`); one from the fit's attributes
 # is a line of `fitted_row`.
-DATASET_COLUMNS = ["dataset", "path", "rows", "groups", "status", "message", "stage", "structure", "sampler_path",
-                   "fallback", "seed", *DIAGNOSTICS, "wall_seconds"]
+DATASET_COLUMNS = ["dataset", "path", "rows", "dropped_where", "dropped_missing", "groups", "status", "message",
+                   "stage", "structure", "sampler_path", "fallback", "seed", *DIAGNOSTICS, "wall_seconds"]
+# How many of the dataset's rows each row rule dropped (`batchfit.data.rows`): rows.where, rows.drop_missing.
+DROPPED = ("dropped_where", "dropped_missing")
 
 
 def score_health(
@@ -60,7 +62,8 @@ def fitted_row(dataset_id: str, attrs: Mapping[str, Any], health: Mapping[str, A
     """datasets.csv's row of a fitted dataset, from its fit's attributes and its `score_health`."""
     return {
         "dataset": dataset_id, "path": attrs.get("source", ""), "rows": attrs.get("rows", ""),
-        "groups": attrs.get("groups", ""), "status": health["status"], "message": "; ".join(health["reasons"]),
+        **{name: attrs.get(name, "") for name in DROPPED}, "groups": attrs.get("groups", ""),
+        "status": health["status"], "message": "; ".join(health["reasons"]),
         "stage": "", "structure": str(attrs.get("structure", ""))[:12], "sampler_path": attrs.get("sampler_path", ""),
         "fallback": attrs.get("fallback", ""), "seed": attrs.get("seed", ""),
         **{name: health[name] for name in DIAGNOSTICS}, "wall_seconds": attrs.get("wall_seconds", ""),
@@ -70,8 +73,8 @@ def fitted_row(dataset_id: str, attrs: Mapping[str, Any], health: Mapping[str, A
 def failed_row(record: Mapping[str, str]) -> dict[str, Any]:
     """datasets.csv's row of a failed dataset, from its failure record (`batchfit.fitting.outcome.read_failure`)."""
     return {"dataset": record["dataset"], "path": record.get("path", ""), "rows": record.get("rows", ""),
-            "groups": record.get("groups", ""), "status": "failed", "message": record.get("message", ""),
-            "stage": record.get("stage", "")}
+            **{name: record.get(name, "") for name in DROPPED}, "groups": record.get("groups", ""),
+            "status": "failed", "message": record.get("message", ""), "stage": record.get("stage", "")}
 
 
 def _nan_reduce(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:

@@ -15,7 +15,8 @@ from batchfit.variants import one_variant, variant_configs
 
 # datasets.csv's integer columns, empty for a failed dataset: read as pandas' nullable integers, since
 # as floats a 63-bit seed would not be the seed any more.
-DATASET_INTEGERS = {"rows": "Int64", "seed": "Int64", "divergences": "Int64"}
+DATASET_INTEGERS = {"rows": "Int64", "dropped_where": "Int64", "dropped_missing": "Int64", "seed": "Int64",
+                    "divergences": "Int64"}
 
 
 @dataclass(frozen=True)

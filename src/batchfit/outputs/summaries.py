@@ -1,8 +1,11 @@
 """Each fit's rows of summary.csv (ArviZ's statistics of its variables) and of datasets.csv, cached per fit content.
 
 A fit's summary (reading it and ArviZ's diagnostics) depends on that fit alone, so it is cached
-in ``summaries/{id}.json`` under the fit file's sha256 and everything the summary depends on
-(`summary_key`); adding datasets to a finished sweep summarises only those (`SummaryCache`).
+under the fit file's sha256 and everything the summary depends on (`summary_key`); adding
+datasets to a finished sweep summarises only those (`SummaryCache`). A new fit's entry is written
+as ``summaries/{id}.json`` (by collect or its helper processes); collect then takes every entry
+into one store, ``summaries/entries.jsonl`` (a line per fit, in the sweep's order) with its index
+``summaries/index.json``, so that a collect of a large sweep reads two files, not one per fit.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import math
 import shutil
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,8 @@ log = logging.getLogger("batchfit")
 
 
 STAGED = "staged"  # in the summary cache directory: new fits' draws between collect's passes (SummaryCache._stage)
+STORE = "entries.jsonl"  # in the summary cache directory: every entry, one JSON line each, in the sweep's order
+INDEX = "index.json"  # dataset id -> [summary_key, fit stamp, entry key, offset]: which stored entries are valid
 
 
 # Draws staged per fit at most: what staging saves is a file open's fixed cost, which matters for
@@ -59,12 +64,44 @@ class SummaryCache:
 
     An entry is valid for exactly one fit file content and one `summary_key`; anything else is
     recomputed (and overwritten). Entries of datasets no longer in the sweep are left alone.
+    ``stamps``: each fit's size and modification time as the sweep's fit register knows them
+    (`batchfit.fitting.fit_register`): an entry made from a fit of that very stamp is valid without
+    hashing the fit again.
     """
 
-    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds):
+    def __init__(self, directory: Path, summary: SummarySettings, thresholds: HealthThresholds,
+                 stamps: Mapping[str, tuple[int, int] | None] | None = None):
         self.directory, self.summary, self.thresholds = directory, summary, thresholds
         self.settings_key = summary_key(summary, thresholds)
+        self.stamps = stamps or {}
         self.summarised: list[str] = []
+        self.fresh: set[str] = set()  # datasets whose valid entry is a file of its own (not in the store)
+        self.in_store: set[str] = set()  # datasets whose valid entry is in the store
+        self._index: dict[str, list] | None = None
+
+    @property
+    def index(self) -> dict[str, list]:
+        """The store's index (read on first use; empty when there is none or it is damaged)."""
+        if self._index is None:
+            try:
+                self._index = dict(json.loads((self.directory / INDEX).read_text()))
+            except (OSError, ValueError, TypeError):
+                self._index = {}
+        return self._index
+
+    def stored(self, dataset_id: str, fit: str | Path) -> bool:
+        """Whether the store holds a valid entry of the fit: for its stamp as the register knows it, else (no
+        register) for its content."""
+        record = self.index.get(dataset_id)
+        if not isinstance(record, list) or len(record) != 4 or record[0] != self.settings_key:
+            return False
+        stamp = self.stamps.get(dataset_id)
+        if stamp is not None:
+            return record[1] == list(stamp)
+        try:
+            return record[2] == hashlib.sha256(f"{self.settings_key}:{file_sha256(fit)}".encode()).hexdigest()
+        except OSError:
+            return False
 
     @property
     def settings(self) -> tuple[Path, SummarySettings, HealthThresholds]:
@@ -76,8 +113,10 @@ class SummaryCache:
         fit_sha256, key, entry = self._cached(dataset_id, fit)
         if entry is not None:
             return entry
+        stat = Path(fit).stat()
         entry, draws = self._compute(dataset_id, fit)
-        entry |= {"key": key, "fit_sha256": fit_sha256}
+        entry |= {"key": key, "fit_sha256": fit_sha256, "settings_key": self.settings_key,
+                  "fit_stamp": [stat.st_size, stat.st_mtime_ns]}
         self.directory.mkdir(parents=True, exist_ok=True)
         self._stage(key, [draws[name] for name in entry["summarised"]])
         with atomic_path(self.directory / f"{dataset_id}.json") as tmp:
@@ -120,7 +159,16 @@ class SummaryCache:
         shutil.rmtree(self.directory / STAGED, ignore_errors=True)
 
     def _cached(self, dataset_id: str, fit: str | Path) -> tuple[str, str, dict[str, Any] | None]:
-        """The fit's sha256, its entry key, and its entry if one with that key is cached."""
+        """The fit's sha256, its entry key, and its entry if one with that key is cached (without hashing the fit
+        when the entry was made from a fit of the stamp the register knows)."""
+        stamp = self.stamps.get(dataset_id)
+        if stamp is not None:
+            try:
+                entry = json.loads((self.directory / f"{dataset_id}.json").read_text())
+                if entry.get("settings_key") == self.settings_key and entry.get("fit_stamp") == list(stamp):
+                    return entry["fit_sha256"], entry["key"], entry
+            except (OSError, ValueError, KeyError, AttributeError):
+                pass
         try:
             fit_sha256 = file_sha256(fit)
         except OSError as exc:
@@ -159,14 +207,51 @@ class SummaryCache:
                 self.entry(dataset_id, fit)
 
     def _needs_summary(self, dataset_id: str, fit: str | Path) -> bool:
+        """Whether the fit has no valid entry, stored or of its own (which it then notes as fresh)."""
+        if self.stored(dataset_id, fit):
+            self.in_store.add(dataset_id)
+            return False
         try:
-            return self._cached(dataset_id, fit)[2] is None
+            entry = self._cached(dataset_id, fit)[2]
         except DatasetError:  # an unreadable fit: `entry` reports it, in the sweep's order
             return False
+        if entry is None:
+            return True
+        self.fresh.add(dataset_id)
+        return False
 
-    def load(self, dataset_id: str) -> dict[str, Any]:
-        """The entry `entry` validated or wrote earlier in this run (not hashing the fit again)."""
-        return json.loads((self.directory / f"{dataset_id}.json").read_text())
+    @contextlib.contextmanager
+    def taking_in(self, fitted: Sequence[tuple[str, str | Path]]) -> Iterator[Iterator[dict[str, Any]]]:
+        """Every fitted dataset's entry, in the order of ``fitted`` (id, fit), each written to a new store as it
+        is taken: from the old store (read along, in the same order), or its own file (computed now if it has
+        none: its error is then raised here, in the sweep's order). On success the new store and its index
+        replace the old ones and the entries of their own are removed; `stored_entries` reads them back."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fresh = self.fresh | set(self.summarised)
+        index: dict[str, list] = {}
+        with (atomic_path(self.directory / STORE) as tmp, open(tmp, "wb") as out,
+              _store(self.directory / STORE, self.index) as old):
+            def entries() -> Iterator[dict[str, Any]]:
+                for dataset_id, fit in fitted:
+                    line = old(dataset_id) if dataset_id in self.in_store and dataset_id not in fresh else None
+                    entry = json.loads(line) if line is not None else self.entry(dataset_id, fit)
+                    index[dataset_id] = [entry.get("settings_key"), entry.get("fit_stamp"), entry.get("key"),
+                                         out.tell()]
+                    out.write((json.dumps({**entry, "dataset": dataset_id}) + "\n").encode())
+                    yield entry
+
+            yield entries()
+        with atomic_path(self.directory / INDEX) as tmp:
+            tmp.write_text(json.dumps(index))
+        self._index = index
+        for dataset_id in fresh:
+            (self.directory / f"{dataset_id}.json").unlink(missing_ok=True)
+
+    def stored_entries(self) -> Iterator[dict[str, Any]]:
+        """The store's entries, in its order (`taking_in` wrote it: the order of the fitted datasets)."""
+        with open(self.directory / STORE) as lines:
+            for line in lines:
+                yield json.loads(line)
 
     def _compute(self, dataset_id: str, path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The fit's entry (without key and digest) and the draws of its summarised variables."""
@@ -311,3 +396,28 @@ def dataset_health(fit_path: Path, thresholds: HealthThresholds) -> dict[str, An
     health = score_health(*(table[column].to_numpy(float) for column in ("r_hat", "ess_bulk", "ess_tail")), sampler,
                           thresholds, rows)
     return {**health, "rows": rows, "groups": str(posterior.attrs.get("groups", ""))}
+
+
+@contextlib.contextmanager
+def _store(path: Path, index: Mapping[str, list]) -> Iterator[Callable[[str], str | None]]:
+    """A function giving a dataset's line of the store at ``path`` (None without one), by the offset its index
+    records."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        yield lambda dataset_id: None
+        return
+
+    def line_of(dataset_id: str) -> str | None:
+        record = index.get(dataset_id)
+        if not isinstance(record, list) or len(record) != 4:
+            return None
+        handle.seek(record[3])
+        line = handle.readline().decode()
+        try:
+            return line if json.loads(line)["dataset"] == dataset_id else None
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged line: that dataset is summarised again
+
+    with handle:
+        yield line_of

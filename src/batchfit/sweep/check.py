@@ -19,6 +19,7 @@ It loads every dataset and builds its model (cheap Python), as the fit stage doe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +33,11 @@ from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
 from batchfit.compile.nopython import fallbacks_in_function
 from batchfit.compile.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
 from batchfit.config import Config
-from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import coerce_for_model, load_dataset
+from batchfit.data.dataset import Dataset, coerce_for_model
 from batchfit.data.discovery import discover_datasets
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
-from batchfit.fitting.fitter import kept_variables, reference_model
+from batchfit.fitting.fitter import kept_variables, reference_model, sweep_reader
 from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
 from batchfit.model.model_file import baked_values, build_model, data_containers, load_model_file, requirements
 from batchfit.model.variables import variable_roles
@@ -78,6 +79,7 @@ class CheckReport:
     buckets: dict[str, Bucket] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # sweep-wide ones (too many structures, ...)
     params: list[str] = field(default_factory=list)  # how each of build_model's parameters enters the model
+    unbuilt: int = 0  # datasets whose data were checked but whose model was not built (a large sweep's)
 
     @property
     def ok(self) -> bool:
@@ -119,6 +121,11 @@ class CheckReport:
             out += [f"  {line}" for line in bucket.lines()]
         out += [f"  {problem}" for problem in self.problems]
         out += [f"  {line}" for line in self.params]
+        if self.unbuilt:
+            built = sum(len(bucket.datasets) for bucket in self.buckets.values())
+            out.append(f"  models built for {built} of {built + self.unbuilt + len(self.own_compiles)} dataset(s) "
+                       f"with data that pass (one per distinct shape of the data and a sample of {_SAMPLE}); every "
+                       "dataset's data were checked; batchfit check --all builds every model")
         slow = sum(bucket.path != CACHED for bucket in self.buckets.values())
         distinct = len(set(self.problem_reasons.values()))
         unhonoured = sum(bool(bucket.settings) for bucket in self.buckets.values())
@@ -131,29 +138,40 @@ class CheckReport:
         return out
 
 
-def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
-    """Load and build every dataset (or only the reference), bucket the structures, find each one's path."""
+def check_model(config: Config, *, datasets: bool = True, every_model: bool = False) -> CheckReport:
+    """Load every dataset (or only the reference) and build its model, bucket the structures, find each one's path.
+
+    Past `BUILD_ALL_UP_TO` datasets every dataset's data are checked, but models are built for one dataset
+    per distinct shape and a sample (`CheckReport.unbuilt` counts the others); ``every_model`` builds all.
+    """
 
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     renamed: dict[str, str] = {}
     paths = discover_datasets(config, renamed=renamed)
+    reader = sweep_reader(config, paths)
     try:
-        ref = reference_model(config, paths)
+        ref = reference_model(config, reader)
     except BatchfitError:  # no dataset builds: say why for each of them
-        return _unbuildable(config, paths, renamed)
-    report = CheckReport(ref.dataset.id, renamed=renamed, params=param_lines(config.params, ref.model))
+        return _unbuildable(config, reader, renamed)
+    report = CheckReport(ref.dataset.id, renamed=renamed,
+                         params=param_lines(config.params, ref.model) + value_lines(config, ref.dataset, ref.model))
     try:
         kept_variables(config, variable_roles(ref.model))
     except BatchfitError as exc:
         report.problems.append(str(exc))
     module = load_model_file(config.model)
     representatives: dict[str, Any] = {}
+    sample = _sample(paths) if len(paths) > BUILD_ALL_UP_TO and not every_model else None
+    shapes: set[Any] = set()
     for dataset_id, path in (paths.items() if datasets else [(ref.dataset.id, ref.dataset.path)]):
         try:
-            dataset = load_dataset(dataset_id, path, ref.coding, config.params)
+            dataset = reader.load(dataset_id)
             dataset = dataclasses.replace(dataset, arrays={**dataset.arrays,
                                                            **coerce_for_model(dataset, ref.requirements)})
+            if sample is not None and not _first_of_its_shape(dataset, shapes) and dataset_id not in sample:
+                report.unbuilt += 1
+                continue
             model = build_model(module, dataset, config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
@@ -187,6 +205,27 @@ def check_model(config: Config, *, datasets: bool = True) -> CheckReport:
     return report
 
 
+# Up to this many datasets, check builds every dataset's model; beyond, it builds one per distinct shape of the
+# data and a sample of `_SAMPLE` (building a model takes milliseconds: 100,000 of them would take minutes).
+BUILD_ALL_UP_TO = 2000
+_SAMPLE = 200
+
+
+def _sample(paths: Mapping[str, Any]) -> set[str]:
+    """`_SAMPLE` datasets chosen by a digest of their ids: the same every time, spread over the sweep."""
+    return set(sorted(paths, key=lambda d: hashlib.sha256(d.encode()).digest())[:_SAMPLE])
+
+
+def _first_of_its_shape(dataset: Dataset, seen: set[Any]) -> bool:
+    """Whether no dataset seen before had the same shapes of arrays and labels (recording this one's)."""
+    shape = (tuple(sorted((name, array.shape) for name, array in dataset.arrays.items())),
+             tuple(sorted((name, len(labels)) for name, labels in dataset.coords.items())))
+    if shape in seen:
+        return False
+    seen.add(shape)
+    return True
+
+
 def param_lines(params: Mapping[str, Any], model: Any) -> list[str]:
     """How each of build_model's parameters enters the reference model: a pm.Data of its name (its values
     share one compile) or, otherwise, a constant of the graph (a structure, and a compile, per value)."""
@@ -199,14 +238,37 @@ def param_lines(params: Mapping[str, Any], model: Any) -> list[str]:
         for name, value in params.items()]
 
 
-def _unbuildable(config: Config, paths: Mapping[str, Any], renamed: dict[str, str]) -> CheckReport:
+def value_lines(config: Config, dataset: Dataset, model: Any) -> list[str]:
+    """How each per-dataset value enters the reference model: a side table's values (config key values) and the
+    columns its pm.Data hold as one value per dataset (``data.scalar``)."""
+    containers = data_containers(model)
+    params = set(config.params)
+    lines = []
+    for name, array in dataset.arrays.items():
+        if name in params:
+            continue
+        held = containers.get(name)
+        if array.ndim == 0:
+            where = "a side-table value"
+        elif held is not None and np.ndim(held.get_value()) == 0:
+            where = "a column of one value per dataset (data.scalar)"
+        else:
+            continue
+        lines.append(f"value {name} ({where}): " + (
+            f"enters as pm.Data '{name}', so every value shares one compile" if held is not None else
+            f"no pm.Data of its name: used as a Python number it is a constant of the graph, a structure (and a "
+            f"compile) per value; enter it as pm.Data('{name}', data.scalar('{name}'))"))
+    return lines
+
+
+def _unbuildable(config: Config, reader: DatasetReader, renamed: dict[str, str]) -> CheckReport:
     """The report when no dataset can be built into a model: each dataset's own reason."""
 
     report = CheckReport("(none: no dataset builds a model)", renamed=renamed)
-    module, coding = load_model_file(config.model), sweep_coding(config, paths)
-    for dataset_id, path in paths.items():
+    module = load_model_file(config.model)
+    for dataset_id, path in reader.index.items():
         try:
-            build_model(module, load_dataset(dataset_id, path, coding, config.params), config.params)
+            build_model(module, reader.load(dataset_id), config.params)
         except BatchfitError as exc:
             report.add_problem(dataset_id, exc, path)
     return report
@@ -268,7 +330,8 @@ def _differing_constants(a: Any, b: Any) -> list[str]:
         vx, vy = np.asarray(x.data), np.asarray(y.data)
         if vx.shape != vy.shape or _unequal(vx, vy).any():
             found.append(f"a constant is {_contrast(vy, vx)} "
-                         "(a value computed from the data: pass it through pm.Data, or a size: use dims=)")
+                         "(a value computed from the data: pass it through pm.Data, e.g. pm.Data(name, "
+                         "data.scalar(name)) for a value per dataset, or a size: use dims=)")
     return found
 
 

@@ -19,11 +19,9 @@ from batchfit.cache.store import open_cache
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.structures import CACHED, FAILED, NUTPIE
 from batchfit.config import Config
-from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import load_dataset
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, DatasetError, ModelCodeError, one_line
-from batchfit.fitting.fitter import Fitter, model_input, reference_model
+from batchfit.fitting.fitter import Fitter, model_input, reference_model, sweep_reader
 from batchfit.fitting.outcome import format_groups
 from batchfit.model.model_file import baked_values, build_model, load_model_file
 from batchfit.model.user_traceback import user_traceback
@@ -44,17 +42,18 @@ def debug_dataset(config: Config, dataset_id: str, *, draws: int = 200, tune: in
         raise DatasetError(f"not among the datasets of config {config.source} ({len(paths)} dataset(s); "
                            "batchfit check lists the ids of files whose names are no usable ids)", dataset=dataset_id)
     path = paths[dataset_id]
+    reader = sweep_reader(config, paths)
     try:
-        ref = reference_model(config, paths)
+        ref = reference_model(config, reader)
     except BatchfitError:  # no dataset builds: this dataset's own build says why, below
         ref = None
-    dataset = load_dataset(dataset_id, path, ref.coding if ref else sweep_coding(config, paths), config.params)
+    dataset = reader.load(dataset_id)
     size = format_groups(dataset.groups)
     yield f"dataset {dataset_id} ({path}): {dataset.n_rows} rows" + (f", groups {size}" if size else "")
     module = load_model_file(config.model)
     model = build_model(module, model_input(dataset, ref) if ref else dataset, config.params)
     if ref is None:  # it built, but no dataset of the sweep's first ones does: say why
-        reference_model(config, paths)
+        reference_model(config, reader)
     yield from model_lines(model)
     baked = baked_values(model, dataset)
     if baked:
@@ -72,7 +71,7 @@ def debug_dataset(config: Config, dataset_id: str, *, draws: int = 200, tune: in
            + (f", because {structure.reason}" if structure.reason else "")
            + f" ({time.perf_counter() - started:.1f} s to compile or load)")
     started = time.perf_counter()
-    tree = fitter.sample(model, data, structure, threads=1, provenance=fitter.provenance(dataset_id, path))
+    tree = fitter.sample(model, data, structure, threads=1, provenance=fitter.provenance(dataset_id))
     yield from sample_lines(tree, draws, tune, time.perf_counter() - started)
 
 

@@ -9,14 +9,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from batchfit import __version__
 from batchfit.common.atomic import write_json
 from batchfit.compile.fingerprint import LIBRARIES
-from batchfit.config import AUTO, Config
-from batchfit.data.discovery import DatasetFiles, discover_datasets
+from batchfit.config import AUTO, Config, TableSource
+from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
-from batchfit.fitting.provenance import expected_digests, recorded_digest, write_planned
+from batchfit.fitting.fit_register import FIT, FitRegister, files_entry, settle
+from batchfit.fitting.provenance import expected_digests, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
 
@@ -43,13 +45,6 @@ def batch_id(dataset_ids: Sequence[str], digests: Sequence[str] = (), retry: int
     return f"batch-{digest}"
 
 
-def is_pending(config: Config, dataset_id: str, expected_digest: str) -> bool:
-    """A dataset needs fitting if it has no fit, or its fit recorded another provenance digest.
-
-    By content, not modification time: touching the model or a data file refits nothing, and
-    a changed sampler or outputs setting, model or data file refits exactly what it affects.
-    """
-    return recorded_digest(config, dataset_id) != expected_digest
 
 
 def plan(config: Config, cores: int | None = 1) -> Plan:
@@ -64,11 +59,15 @@ def plan(config: Config, cores: int | None = 1) -> Plan:
     """
     datasets = discover_datasets(config)
     expected = expected_digests(config, datasets)
+    register = FitRegister.current(config.layout)
     ids = list(datasets)
     size = batch_size(config, len(ids), cores)
     batches = {}
     for chunk in (ids[i:i + size] for i in range(0, len(ids), size)):
-        pending = [d for d in chunk if is_pending(config, d, expected[d])]
+        # A dataset needs fitting if it has no fit, or its fit recorded another provenance digest: by
+        # content, not modification time, so touching a file refits nothing and a changed setting, model or
+        # data refits exactly what it affects.
+        pending = [d for d in chunk if register.digest(d) != expected[d]]
         if pending:
             batches[untried_batch_id(config, pending, [expected[d] for d in pending])] = pending
     return Plan(datasets, batches)
@@ -123,9 +122,29 @@ def write_plan(config: Config, sweep: Plan) -> None:
     what planning it computed before the results directory existed (`provenance.write_planned`);
     move the outputs of datasets no longer in the sweep out of the way (`move_orphans`)."""
     move_orphans(config.layout, list(sweep.datasets))
-    write_json(config.layout.plan, {"datasets": {d: str(p) for d, p in sweep.datasets.items()},
-                                   "batches": sweep.batches})
+    settle(config.layout, sweep.datasets)  # what the last run's fit jobs changed, if its collect did not run
+    write_json(config.layout.plan, plan_record(sweep))
     write_planned(config)
+
+
+def plan_record(sweep: Plan) -> dict[str, Any]:
+    """The plan as ``plan.json`` keeps it (`read_plan` reads it): each dataset's file, each table group's table
+    and key values, and the batches."""
+    datasets = sweep.datasets
+    index = datasets if isinstance(datasets, DatasetIndex) else DatasetIndex(datasets.items())
+    tables = index.tables
+    number = {table: n for n, table in enumerate(tables)}
+    groups = {d: [number[g[0]], list(g[1])] for d in index if (g := index.group(d)) is not None}
+    return {"datasets": {d: str(p) for d, p in datasets.items()}, "batches": sweep.batches,
+            "tables": [{"table": str(t.table), "by": list(t.by)} for t in tables], "groups": groups}
+
+
+def read_plan(record: Mapping[str, Any]) -> Plan:
+    """The plan a `plan_record` describes."""
+    tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in record.get("tables", [])]
+    groups = {d: (tables[n], tuple(key)) for d, (n, key) in record.get("groups", {}).items()}
+    return Plan(DatasetIndex(record["datasets"].items(), groups=groups),
+                {b: list(ids) for b, ids in record["batches"].items()})
 
 
 def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
@@ -141,9 +160,7 @@ def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
     if not job or not path.exists():
         return plan(config, cores)
     try:
-        recorded = json.loads(path.read_text())
-        return Plan(DatasetFiles(recorded["datasets"].items()),
-                    {b: list(ids) for b, ids in recorded["batches"].items()})
+        return read_plan(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BatchfitError(f"the sweep's plan {path} is unreadable ({exc}); delete it and run the sweep "
                             "again") from exc
@@ -155,7 +172,8 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
     A retried job (after its first attempt was killed) fits only what the first one left.
     """
     expected = expected_digests(config, discover_datasets(config))  # all: the coding is the sweep's
-    return [d for d in dataset_ids if d not in expected or is_pending(config, d, expected[d])]
+    recorded = {d: files_entry(config.layout, d) for d in dataset_ids}  # its own files: a killed attempt's fits
+    return [d for d in dataset_ids if d not in expected or (recorded[d] or [None, None])[:2] != [FIT, expected[d]]]
 
 
 def compile_stamp_path(config: Config) -> Path:

@@ -22,8 +22,9 @@ from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import is_expected, one_line
 from batchfit.fitting.batch import after_sampling, fit_batch
+from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import Fitter, prepare
-from batchfit.fitting.provenance import expected_digests, recorded_digest
+from batchfit.fitting.provenance import expected_digests
 from batchfit.fitting.refits import refit_batch
 from batchfit.outputs import summary_helpers
 from batchfit.outputs.adopt import adopt_batch_outputs
@@ -85,7 +86,7 @@ def measure_fit(config: Config, fitter: Any) -> dict[str, Any] | None:
     start = time.perf_counter()
     try:
         fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
-                      provenance=fitter.provenance(ref.id, ref.path))
+                      provenance=fitter.provenance(ref.id))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
         after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
         log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
@@ -131,18 +132,19 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
         dataset_ids = list(datasets)
         del datasets
         move_orphans(config.layout, dataset_ids)
-        # A changed setting makes every fit stale at once: the fits' sidecars (read by every plan)
-        # say so before collect spends as long as a whole collect reading and summarising each fit
-        # only to refuse it. collect still checks the digest each fit itself recorded.
+        register = settle(config.layout, dataset_ids)
+        # A changed setting makes every fit stale at once: the register (read by every plan) says so
+        # before collect spends as long as a whole collect reading and summarising each fit only to
+        # refuse it. collect still checks the digest each fit itself recorded.
         stale, n_fits = [], 0
         for d in dataset_ids:
-            recorded = recorded_digest(config, d)
+            recorded = register.digest(d)
             n_fits += recorded is not None
             if recorded is not None and recorded != expected[d]:
                 stale.append(d)
         if stale:
             raise stale_fits_error(stale, n_fits, config.layout.fit)
-        return collect(config, dataset_ids, expected_provenance=expected, workers=helpers)
+        return collect(config, dataset_ids, expected_provenance=expected, workers=helpers, register=register)
 
 
 def run_compare(config: Config, *, threads: int = 1) -> list[Path]:

@@ -18,8 +18,9 @@ from batchfit.common.grouping import grouped_lines
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import DatasetError
+from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.outcome import failure_reason
-from batchfit.fitting.provenance import expected_digests, recorded_digest
+from batchfit.fitting.provenance import expected_digests
 from batchfit.sweep.verdict import fitted_text
 from batchfit.variants import configs_of, one_variant
 
@@ -108,7 +109,8 @@ def _health(config: Config, fitted: list[str]) -> str:
     collected_ns = _mtime_ns(config.layout.datasets_csv)
     if collected_ns is None or not fitted:
         return ""
-    collected = {d for d in fitted if (_mtime_ns(config.layout.fit(d)) or 0) <= collected_ns}
+    register = FitRegister.current(config.layout)  # each fit's modification time, without a file read per fit
+    collected = {d for d in fitted if (register.fit_stamp(d) or (0, 0))[1] <= collected_ns}
     scored = fitted_text(config.layout.datasets_csv, collected)
     later = len(fitted) - len(collected)
     return "; ".join(filter(None, [f"{scored} ({config.layout.datasets_csv})" if scored else "",
@@ -138,10 +140,11 @@ def _states(config: Config) -> dict[str, tuple[str, str]]:
 
     datasets = discover_datasets(config)
     expected = expected_digests(config, datasets, record=False)
+    register = FitRegister.current(config.layout)
     states = {}
     for d in datasets:
-        recorded = recorded_digest(config, d)
-        failure = _failure_message(config, d)
+        recorded = register.digest(d)
+        failure = _failure_message(config, d) if register.failed(d) else None
         if recorded == expected[d]:
             states[d] = (FITTED, "its fit has the config's provenance")
         elif failure is not None:
@@ -186,7 +189,9 @@ def _estimate(config: Config, pending: int, fitted: list[str]) -> str:
     if not pending:
         return "none, nothing is pending"
     started = _mtime_ns(config.layout.plan) or 0
-    since = sorted(t for t in (_fit_written_ns(config, d) for d in fitted) if started and t and t > started)
+    register = FitRegister.current(config.layout)
+    written = (register.fit_stamp(d) for d in fitted)
+    since = sorted(t for t in (stamp[1] for stamp in written if stamp) if started and t > started)
     if since:
         per_fit = (since[-1] - started) / 1e9 / len(since)
         clock = time.strftime("%H:%M:%S", time.localtime(started / 1e9))
@@ -228,15 +233,6 @@ def _timed_fits(config: Config) -> list[float]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a manifest being written, or damaged: the others suffice
     return seconds
-
-
-def _fit_written_ns(config: Config, dataset_id: str) -> int | None:
-    """When a fit was written, from its sidecar (no NetCDF opened)."""
-
-    try:
-        return int(json.loads(config.layout.sidecar(dataset_id).read_text())["fit_mtime_ns"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _mtime_ns(path: Path) -> int | None:

@@ -18,9 +18,10 @@ from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, ModelContractError
+from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import dataset_seed
 from batchfit.fitting.outcome import read_failure
-from batchfit.fitting.provenance import expected_digests, recorded_digest
+from batchfit.fitting.provenance import expected_digests
 from batchfit.model.variables import OBSERVATION_SIZED, ROLE_ATTR
 from batchfit.outputs.fit_reader import group_dataset
 from batchfit.sweep.sbc.pit import Ranked, element_prob, pit_values, simultaneous_band
@@ -76,11 +77,12 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     sweep = sbc_config(config)
     datasets = discover_datasets(sweep)
     expected = expected_digests(sweep, datasets)
+    register = settle(sweep.layout, datasets)  # the simulated fits are all done: the rule runs after them
     fitted, failed, missing = [], {}, []
     for sim in datasets:
-        if sweep.layout.failure(sim).exists():
+        if register.failed(sim):
             failed[sim] = read_failure(sim, sweep.layout.failure(sim)).get("message", "")
-        elif recorded_digest(sweep, sim) == expected[sim]:
+        elif register.digest(sim) == expected[sim]:
             fitted.append(sim)
         else:
             missing.append(sim)

@@ -23,7 +23,15 @@ from batchfit.fitting.provenance import versions
 from batchfit.model.imports import user_imports
 from batchfit.model.model_file import build_model, load_model_file
 from batchfit.model.python_mode import python_mode
-from batchfit.sweep.sbc.sweep import data_paths, record_levels, simulation_ids, template, template_levels
+from batchfit.sweep.sbc.sweep import (
+    VALUES_KEY,
+    data_paths,
+    record_levels,
+    simulation_ids,
+    template,
+    template_levels,
+    template_reader,
+)
 
 log = logging.getLogger("batchfit")
 
@@ -106,14 +114,15 @@ def simulation_digests(config: Config, levels: Mapping[str, list[str]] | None = 
     labels as they are (another dataset's new label of a ``scope: dataset`` column) changes
     no simulation."""
 
-    template_id, template_path = template(config)
+    template_id, _ = template(config)
     if not generator_file(config).is_file():
         raise ConfigError(f"simulator file '{generator_file(config)}' does not exist", key="sbc.simulator",
                           source=config.source)
     levels = template_levels(config)[1] if levels is None else levels
     inputs = {"generator_sha256": file_sha256(generator_file(config)),
               "generator_imports": user_imports(generator_file(config)), "template": template_id,
-              "template_sha256": file_sha256(template_path), "seed": config.sbc.seed, "versions": versions(),
+              "template_sha256": template_reader(config).digest(template_id), "seed": config.sbc.seed,
+              "versions": versions(),
               "coding": dict(levels)}
     return {sim: hashlib.sha256(json.dumps({**inputs, "simulation": sim}, sort_keys=True).encode()).hexdigest()
             for sim in simulation_ids(config.sbc.n_simulations)}
@@ -157,9 +166,10 @@ def simulate(config: Config) -> SimulationReport:
     if not todo:
         return SimulationReport(0, len(paths))
     simulator = Simulator(config, dataset)
+    write_simulated_values(config, dataset, list(paths))
     for sim in todo:
         truth, observed = simulator.draw(sim)
-        write_simulated(simulator.dataset, observed, paths[sim])
+        write_simulated(simulator.dataset, observed, paths[sim], exclude=set(config.params) | set(_side_names(config)))
         record = {"simulation": sim, "digest": digests[sim], "data_sha256": file_sha256(paths[sim]),
                   "generator": str(generator_file(config)), "template": simulator.dataset.id,
                   "truth": {name: value.tolist() for name, value in truth.items()},
@@ -179,17 +189,43 @@ def _up_to_date(config: Config, sim_id: str, data: Path, digest: str) -> bool:
         return False
 
 
-def write_simulated(template: Dataset, observed: Mapping[str, np.ndarray], path: Path) -> None:
-    """The template's file with its observed columns replaced: a table as CSV, NetCDF as NetCDF.
+def write_simulated_values(config: Config, template: Dataset, simulations: list[str]) -> None:
+    """The template's per-dataset values (its side-table row) as the simulated sweep's side table, a row per
+    simulation, so that every simulated dataset gets them as the template did."""
+    if not config.values:
+        return
+    import pandas as pd
 
-    Table columns are read as text and written back unchanged (labels such as '01' keep their
-    form); simulated values are written with full precision, so the files are deterministic.
-    A simulated text column (codes) is written as its labels, which the simulated sweep codes
-    back to the same codes.
+    names = _side_names(config)
+    frame = pd.DataFrame({VALUES_KEY: simulations, **{name: [template.arrays[name].item()] * len(simulations)
+                                                      for name in names if name in template.arrays}})
+    path = config.layout.sbc.simulated_values
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
+def _side_names(config: Config) -> list[str]:
+    """The value columns of the config's side tables."""
+    if not config.values:
+        return []
+    from batchfit.data.values import read_side_values
+
+    return [name for table in read_side_values(config.values, config.source).tables for name in table.columns]
+
+
+def write_simulated(template: Dataset, observed: Mapping[str, np.ndarray], path: Path, *,
+                    exclude: set[str] = frozenset()) -> None:
+    """The template's rows with its observed columns replaced: a table as CSV, NetCDF as NetCDF.
+
+    A table's rows are those the model saw (the row rules applied), written from the template's
+    arrays with full precision, so the files are deterministic; a text column (codes) is written as
+    its labels (labels such as '01' keep their form), which the simulated sweep codes back to the same
+    codes. ``exclude``: the template's values that are no columns (``params``, side-table values).
     """
     kind = table_kind(template.path)
     with atomic_path(path) as tmp:
-        if kind is None:
+        if kind is None and template.row_index is None:
             import xarray as xr
 
             with xr.open_dataset(template.path, engine="h5netcdf") as ds:
@@ -200,12 +236,13 @@ def write_simulated(template: Dataset, observed: Mapping[str, np.ndarray], path:
             return
         import pandas as pd
 
-        frame = (pd.read_csv(template.path, dtype=str, keep_default_na=False) if kind == "CSV"
-                 else pd.read_parquet(template.path))
+        columns = {name: array for name, array in template.arrays.items() if name not in exclude and array.ndim == 1}
+        frame = pd.DataFrame({name: _template_labels(array, name, template) if name in template.coords else array
+                              for name, array in columns.items()})
         for column, values in observed.items():
             values = _shaped(values, (len(frame),), column, template)
             frame[column] = _labelled(values, column, template) if column in template.coords else values
-        frame.to_csv(tmp, index=False)
+        frame.to_csv(tmp, index=False, float_format="%.17g")
 
 
 def _shaped(values: np.ndarray, shape: tuple[int, ...], column: str, template: Dataset) -> np.ndarray:
@@ -214,6 +251,12 @@ def _shaped(values: np.ndarray, shape: tuple[int, ...], column: str, template: D
             f"the simulated {column!r} has shape {values.shape}, but column {column!r} of the template "
             f"dataset '{template.id}' ({template.path}) has shape {tuple(shape)}")
     return values
+
+
+def _template_labels(codes: np.ndarray, column: str, template: Dataset) -> np.ndarray:
+    """The template's codes of text column ``column`` as its labels (a missing label, code -1, as missing)."""
+    labels = np.asarray([*template.coords[column], None], dtype=object)
+    return labels[np.where(codes >= 0, codes, len(labels) - 1)]
 
 
 def _labelled(codes: np.ndarray, column: str, template: Dataset) -> np.ndarray:

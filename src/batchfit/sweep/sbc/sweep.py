@@ -10,15 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import ColumnSettings, Config
+from batchfit.config import ColumnSettings, Config, RowRules, TableSource
 from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import Dataset, load_dataset
-from batchfit.data.discovery import discover_datasets, table_kind
+from batchfit.data.dataset import Dataset
+from batchfit.data.discovery import discover_datasets
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import BatchfitError, ConfigError
 
 log = logging.getLogger("batchfit")
 
 SIM_PREFIX = "sim-"
+VALUES_KEY = "dataset"  # the key column of the simulated sweep's side table of per-dataset values
 RANKS_GROUP = "prior_sbc"  # the group simuk writes and arviz_plots.plot_ecdf_pit reads
 
 
@@ -37,14 +39,11 @@ def template(config: Config) -> tuple[str, Path]:
     return wanted, datasets[wanted]
 
 
-def _data_suffix(template_path: Path) -> str:
-    """Simulated tables are CSV (read back exactly); NetCDF templates stay NetCDF."""
-    return ".csv" if table_kind(template_path) else ".nc"
-
-
 def data_paths(config: Config) -> dict[str, Path]:
-    """The simulated data file of each of the first ``sbc.n_simulations`` simulations."""
-    suffix = _data_suffix(template(config)[1])
+    """The simulated data file of each of the first ``sbc.n_simulations`` simulations: CSV for a table's
+    template (a file's or a group's), NetCDF for a NetCDF template."""
+    path = template(config)[1]
+    suffix = ".nc" if not path.is_dir() and path.suffix.lower() in (".nc", ".nc4", ".netcdf") else ".csv"
     root = config.layout.sbc.simulated_data
     return {sim: root / f"{sim}{suffix}" for sim in simulation_ids(config.sbc.n_simulations)}
 
@@ -62,9 +61,12 @@ def sbc_config(config: Config) -> Config:
     # simulated file, it is as empty there, so it gets no levels either, as in the template.
     columns = {name: ColumnSettings(levels=tuple(labels), order="listed") if labels else ColumnSettings(scope="dataset")
                for name, labels in recorded_levels(config).items()}
+    # The simulated files hold the template's rows as the model saw them (the row rules applied), and its
+    # per-dataset values come as a side table of every simulation's (`simulated_values`).
+    values = (TableSource(config.layout.sbc.simulated_values, (VALUES_KEY,)),) if config.values else ()
     return dataclasses.replace(
         config, datasets=tuple(str(p) for p in data_paths(config).values()),
-        results_dir=config.layout.sbc.root, on_error="continue", columns=columns)
+        results_dir=config.layout.sbc.root, on_error="continue", columns=columns, rows=RowRules(), values=values)
 
 
 def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
@@ -74,10 +76,17 @@ def template_levels(config: Config) -> tuple[Dataset, dict[str, list[str]]]:
     template lacks included; one with ``scope: dataset`` has the template's own labels.
     """
 
-    template_id, template_path = template(config)
-    coding = sweep_coding(config, discover_datasets(config))
-    dataset = load_dataset(template_id, template_path, coding, config.params)
-    return dataset, {name: list(dataset.coords[name]) for name in coding.for_dataset(template_id)}
+    template_id, _ = template(config)
+    reader = template_reader(config)
+    dataset = reader.load(template_id)
+    return dataset, {name: list(dataset.coords[name]) for name in reader.coding.for_dataset(template_id)}
+
+
+def template_reader(config: Config) -> DatasetReader:
+    """The sweep's reader, to load the template as the sweep's fits load it."""
+    from batchfit.fitting.fitter import sweep_reader
+
+    return sweep_reader(config, wanted=[template(config)[0]])
 
 
 def template_sweep_coding(config: Config) -> dict[str, Any]:
