@@ -1,7 +1,7 @@
 """Exact comparisons of variants where PSIS-LOO fails: refits without the held-out rows, on the compiled model.
 
 Small datasets (10 rows, one an outlier) where PSIS-LOO flags the outlier (Pareto k > 0.7) in the
-Normal variant's fit. The reference is arviz_stats itself driving refits done by hand: its ``reloo``
+nearly Normal variant's fit. The reference is arviz_stats itself driving refits done by hand: its ``reloo``
 and ``loo_kfold`` with a ``SamplingWrapper`` whose ``sample`` runs ``pm.sample`` (PyMC's own NUTS) on
 the model built on the dataset without the held-out rows, and whose ``log_likelihood__i`` is
 ``pm.compute_log_likelihood`` of the model built on the held-out rows. Both sides start from the same
@@ -37,22 +37,22 @@ from testkit import output_of, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
+# Student-t noise whose degrees of freedom are a pm.Data (docs/variants.md): both variants share one compile,
+# nearly Normal noise (nu = 1000), whose fit PSIS-LOO cannot handle with an outlier, and heavy tails (nu = 3).
 MODEL = """\
 import pymc as pm
 
 
-def build_model(data, noise="normal"):
+def build_model(data, nu=3.0):
     with pm.Model() as model:
         y = pm.Data("y", data["y"])
+        nu = pm.Data("nu", data["nu"])
         mu = pm.Normal("mu", 0.0, 5.0)
         sigma = pm.HalfNormal("sigma", 2.0)
-        if noise == "student":
-            pm.StudentT("y_obs", nu=3.0, mu=mu, sigma=sigma, observed=y, shape=y.shape)
-        else:
-            pm.Normal("y_obs", mu, sigma, observed=y, shape=y.shape)
+        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=y, shape=y.shape)
     return model
 """
-VARIANTS = {"normal": {"params": {"noise": "normal"}}, "student": {"params": {"noise": "student"}}}
+VARIANTS = {"normal": {"params": {"nu": 1000.0}}, "student": {"params": {"nu": 3.0}}}
 SAMPLER = {"draws": 1000, "tune": 1000, "chains": 2, "seed": 7}
 OUTLIERS = {"d0": 3.5, "d1": 4.0}
 K = 4
@@ -84,19 +84,19 @@ def exact_sweep(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
 # --- the reference: arviz_stats with refits by hand --------------------------------------------------------
 
 
-def build(frame: pd.DataFrame, noise: str):
-    """The model file's build_model on these rows, as a user calls it (columns as arrays)."""
+def build(frame: pd.DataFrame, nu: float):
+    """The model file's build_model on these rows, as a user calls it (columns as arrays, the parameter too)."""
     namespace: dict = {}
     exec(compile(MODEL, "model.py", "exec"), namespace)
-    return namespace["build_model"]({"y": frame["y"].to_numpy(dtype=float)}, noise=noise)
+    return namespace["build_model"]({"y": frame["y"].to_numpy(dtype=float), "nu": np.asarray(nu)}, nu=nu)
 
 
 class PyMCRefits(SamplingWrapper):
     """Refits by hand: pm.sample without the held-out rows, their log-likelihood from the model built on them."""
 
-    def __init__(self, tree, frame: pd.DataFrame, noise: str):
+    def __init__(self, tree, frame: pd.DataFrame, nu: float):
         super().__init__(model=None, idata_orig=tree)
-        self.frame, self.noise, self.n_refits = frame, noise, 0
+        self.frame, self.nu, self.n_refits = frame, nu, 0
         self.held_out: list[xr.DataArray] = []  # each refit's held-out log-likelihood, for the tolerance
 
     def sel_observations(self, idx):
@@ -107,7 +107,7 @@ class PyMCRefits(SamplingWrapper):
         import pymc as pm
 
         self.n_refits += 1
-        model = build(modified_observed_data, self.noise)
+        model = build(modified_observed_data, self.nu)
         return model, pm.sample(draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=SAMPLER["chains"],
                                 random_seed=100 + self.n_refits, nuts_sampler="pymc", progressbar=False,
                                 compute_convergence_checks=False, model=model)
@@ -119,7 +119,7 @@ class PyMCRefits(SamplingWrapper):
         import pymc as pm
 
         _, idata = idata__i
-        held = build(excluded_obs, self.noise)
+        held = build(excluded_obs, self.nu)
         values = pm.compute_log_likelihood(idata, model=held, extend_inferencedata=False, progressbar=False)["y_obs"]
         self.held_out.append(values.rename({values.dims[-1]: "row"}))
         return self.held_out[-1]
@@ -171,7 +171,7 @@ def test_reloo_refits_each_flagged_observation_as_arviz_reloo_with_pm_sample_doe
             if not n_flagged:
                 assert row.elpd_loo == pytest.approx(psis.elpd, rel=1e-12)
                 continue
-            wrapper = PyMCRefits(tree, frame, VARIANTS[row.variant]["params"]["noise"])
+            wrapper = PyMCRefits(tree, frame, VARIANTS[row.variant]["params"]["nu"])
             reference = arviz_stats.reloo(wrapper, loo_orig=psis, k_threshold=0.7, pointwise=True)
         ours = refit_files(results, row.variant, row.dataset)
         assert sorted(ours) == sorted(f"reloo-{i}" for i in np.flatnonzero(psis.pareto_k.values > 0.7))
@@ -201,7 +201,7 @@ def test_kfold_holds_out_arviz_loo_kfolds_folds_and_matches_it_with_pm_sample(ex
     for variant in VARIANTS:
         row = comparison[(comparison["dataset"] == dataset_id) & (comparison["variant"] == variant)].iloc[0]
         with xr.open_datatree(results / variant / "fits" / f"{dataset_id}.nc") as tree:
-            wrapper = PyMCRefits(tree, frame, VARIANTS[variant]["params"]["noise"])
+            wrapper = PyMCRefits(tree, frame, VARIANTS[variant]["params"]["nu"])
             reference = arviz_stats.loo_kfold(tree, wrapper, k=K, stratify_by=frame["site"].to_numpy(), seed=271,
                                               pointwise=True, save_fits=True)
         held_out = {tuple(fold["test_indices"].tolist()) for fold in reference.fold_fits.values()}
@@ -213,3 +213,15 @@ def test_kfold_holds_out_arviz_loo_kfolds_folds_and_matches_it_with_pm_sample(ex
         assert abs(row.elpd_loo - reference.elpd) < tolerance, (variant, row.elpd_loo, reference.elpd, tolerance)
     assert_refit_logs_hit_the_cache(results)
 
+
+
+def test_a_stratify_by_column_a_dataset_lacks_is_an_error_naming_the_key(exact_sweep, tmp_path):
+    shutil.copytree(exact_sweep.parent, tmp_path, dirs_exist_ok=True)
+    settings = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    settings["compare"] = {"method": "kfold", "kfold": {"stratify_by": "region"}}
+    write_config(tmp_path / "config.yaml", settings)
+    run = subprocess.run([sys.executable, "-m", "batchfit.cli", "compare", "--config", "config.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "key 'compare.kfold.stratify_by'" in run.stderr and "dataset 'd0' has no column 'region'" in run.stderr
+    assert "its columns: y, site" in run.stderr, run.stderr[-3000:]

@@ -56,6 +56,7 @@ def test_a_grid_makes_a_variant_per_combination_with_paramspace_ids():
     ({"variants": {"a": {"sampler": {"drawz": 5}}}}, "variants.a.sampler.drawz", "did you mean 'draws'"),
     ({"variants": {"a": {"sampler": {"draws": 0}}}}, "variants.a.sampler.draws", "must be >= 1"),
     ({"variants": {"a": {"datasets": ["x/*.csv"]}}}, "variants.a.datasets", "every variant of a sweep shares it"),
+    ({"variants": {"a": {"compare": {"method": "psis"}}}}, "variants.a.compare", "every variant of a sweep shares it"),
     ({"variants": {"a/b": {}}}, "variants.a/b", "not usable as a folder name"),
     ({"variants": {"fits": {}}}, "variants.fits", "results_dir already uses"),
     ({"variants": {"a": 3}}, "variants.a", "must be a mapping"),

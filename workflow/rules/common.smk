@@ -12,7 +12,7 @@ from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.variants import configs_of
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.model.imports import user_import_files
-from batchfit.fitting.refits import RefitPlan
+from batchfit.fitting.refit_records import RefitPlan
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 

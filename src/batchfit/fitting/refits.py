@@ -13,7 +13,7 @@ coding, so a group with no row left still has its parameter, drawn from the mode
 A refit job (rule ``refit``) runs one batch of one variant's refits in one process; each refit
 writes ``<variant results_dir>/refits/fits/<dataset>/<id>.nc``, recording the digest of the fit it
 refits and its held-out rows, so that a refit is never used for another fit or other rows
-(`refit_done`).
+(`batchfit.fitting.refit_records.refit_done`, beside the plan's records).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,74 +32,14 @@ import numpy as np
 from batchfit.common.atomic import atomic_path, write_json
 from batchfit.compile.fingerprint import structure_of
 from batchfit.config import Config
-from batchfit.data.dataset import Dataset, load_dataset
+from batchfit.data.dataset import Dataset
 from batchfit.errors import BatchfitError, is_expected, one_line
+from batchfit.fitting.batch import after_sampling
 from batchfit.fitting.fitter import Fitter, dataset_seed, prepare
+from batchfit.fitting.refit_records import HELD_OUT_DIM, Refit, RefitPlan
 from batchfit.fitting.sampler_health import sampler_diagnostics
 
 log = logging.getLogger("batchfit")
-
-RELOO, KFOLD, PSIS = "reloo", "kfold", "psis"  # comparison.csv's methods: the refits' two, and none
-HELD_OUT_DIM = "row"  # a refit result's observation dimension: the held-out rows, by their index
-
-
-@dataclass(frozen=True)
-class Refit:
-    """One refit: of which variant's fit of which dataset, for which method, without which rows."""
-
-    variant: str
-    dataset: str
-    method: str  # RELOO or KFOLD
-    id: str  # e.g. reloo-17 (row 17 held out), kfold-3-of-10
-    rows: tuple[int, ...]  # the held-out rows, ascending (0-based, in the dataset's order)
-    fit_digest: str  # the provenance digest of the fit it refits
-    structure: str  # that fit's model structure, which the refit must build too
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "rows": list(self.rows)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Refit:
-        return cls(**{**data, "rows": tuple(int(r) for r in data["rows"])})
-
-
-@dataclass(frozen=True)
-class RefitPlan:
-    """What the compare rule needs: each compared dataset's method (`RELOO`, `KFOLD` or `PSIS` for all its
-    variants), why PSIS where an exact method was asked for, every refit, and the pending ones in batches."""
-
-    methods: dict[str, str]
-    notes: dict[str, str]
-    refits: list[Refit]
-    batches: dict[str, list[Refit]]  # batch id -> pending refits, of one variant each
-
-    def write(self, path: Path) -> None:
-        write_json(path, {"methods": self.methods, "notes": self.notes,
-                          "refits": [r.to_json() for r in self.refits],
-                          "batches": {b: [r.to_json() for r in rs] for b, rs in self.batches.items()}})
-
-    @classmethod
-    def read(cls, path: Path) -> RefitPlan:
-        data = json.loads(Path(path).read_text())
-        return cls(dict(data["methods"]), dict(data["notes"]), [Refit.from_json(r) for r in data["refits"]],
-                   {b: [Refit.from_json(r) for r in rs] for b, rs in data["batches"].items()})
-
-    def folds(self, dataset_id: str) -> np.ndarray:
-        """The fold (1 to k) of each row of a K-fold dataset, from its refits (every variant has the same)."""
-        own = [r for r in self.refits if r.dataset == dataset_id and r.method == KFOLD]
-        own = [r for r in own if r.variant == own[0].variant]
-        folds = np.zeros(sum(len(r.rows) for r in own), dtype=int)
-        for fold, refit in enumerate(own, start=1):
-            folds[list(refit.rows)] = fold
-        return folds
-
-    def batch_variant(self, batch_id: str) -> str:
-        """The variant whose refits batch ``batch_id`` holds; an unknown batch is an error naming the plan."""
-        try:
-            return self.batches[batch_id][0].variant
-        except (KeyError, IndexError):
-            raise BatchfitError(f"refit batch {batch_id} is not in the refit plan") from None
-
 
 def row_subset(dataset: Dataset, rows: np.ndarray) -> Dataset:
     """``dataset`` with only ``rows`` of every array that has one entry per row (the dataset's
@@ -113,33 +53,6 @@ def row_subset(dataset: Dataset, rows: np.ndarray) -> Dataset:
 def refit_seed(config: Config, refit: Refit) -> int:
     """A refit's seed: from the sweep's seed, the dataset and the refit's id only."""
     return dataset_seed(config.sampler.seed, f"{refit.dataset}/{refit.id}")
-
-
-def refit_done(config: Config, refit: Refit) -> bool:
-    """Whether ``refit``'s result exists for its fit and rows (a result of another fit or rows is not its)."""
-    path = config.layout.refit(refit.dataset, refit.id)
-    if not path.exists():
-        return False
-    import netCDF4
-
-    try:
-        with netCDF4.Dataset(path) as nc:
-            return (nc.getncattr("fit_digest") == refit.fit_digest
-                    and json.loads(nc.getncattr("rows")) == list(refit.rows))
-    except (OSError, KeyError, AttributeError, ValueError):
-        return False  # a damaged or older file: refitted
-
-
-def read_refit(config: Config, refit: Refit) -> Any:
-    """A done refit's held-out pointwise log-likelihood: an xarray DataArray (chain, draw, `HELD_OUT_DIM`)."""
-    import xarray as xr
-
-    if not refit_done(config, refit):
-        raise BatchfitError(f"refit {refit.id} of dataset '{refit.dataset}' (variant {refit.variant}) has no result "
-                            f"for its fit and rows at {config.layout.refit(refit.dataset, refit.id)}: run the refits "
-                            "again (snakemake, or batchfit compare)")
-    with xr.open_dataset(config.layout.refit(refit.dataset, refit.id), engine="netcdf4") as ds:
-        return ds["log_likelihood"].load()
 
 
 @dataclass
@@ -162,7 +75,7 @@ def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threa
     """
     log.info("%s holds %d refit(s) of variant %s: %s", batch_id, len(refits), config.variant,
              " ".join(f"{r.dataset}/{r.id}" for r in refits))
-    cache, paths, ref = prepare(config)
+    cache, _, ref = prepare(config, wanted=sorted({r.dataset for r in refits}))
     fitter = Fitter(config, ref, cache, compile_workers=threads)
     log.info("compile: %s", fitter.compile_line)
     loaded: dict[str, Dataset] = {}
@@ -170,7 +83,7 @@ def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threa
     for refit in refits:
         start = time.perf_counter()
         try:
-            outcome = _refit(fitter, refit, paths, loaded, threads)
+            outcome = _refit(fitter, refit, loaded, threads)
         except Exception as exc:
             if not is_expected(exc):
                 raise
@@ -180,6 +93,7 @@ def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threa
             log.info("%s/%s: refitted without %d row(s) in %.2f s", refit.dataset, refit.id, len(refit.rows),
                      outcome.seconds)
         outcomes[f"{refit.dataset}/{refit.id}"] = outcome
+    after_sampling()  # a failed sample's chain threads may outlive it
     manifest = {"batch": batch_id, "variant": config.variant, "compile": fitter.compile_line,
                 "refits": {key: dataclasses.asdict(o) for key, o in outcomes.items()}}
     write_json(config.layout.refit_manifest(batch_id), manifest)
@@ -197,16 +111,13 @@ def run_refit_job(config: Config, plan_path: Path, batch_id: str, *, threads: in
     return refit_batch(config, plan.batches[batch_id], batch_id=batch_id, threads=threads)
 
 
-def _refit(fitter: Fitter, refit: Refit, paths: Mapping[str, Path], loaded: dict[str, Dataset],
-           threads: int) -> RefitOutcome:
+def _refit(fitter: Fitter, refit: Refit, loaded: dict[str, Dataset], threads: int) -> RefitOutcome:
     """Sample the dataset without the refit's rows and write the held-out rows' log-likelihood under its draws."""
     start = time.perf_counter()
     config = fitter.config
     if refit.dataset not in loaded:  # a batch holds a dataset's refits one after another: one loaded at a time
-        if refit.dataset not in paths:
-            raise BatchfitError(f"dataset '{refit.dataset}' is no longer among the config's datasets")
         loaded.clear()
-        loaded[refit.dataset] = load_dataset(refit.dataset, paths[refit.dataset], fitter.ref.coding, config.params)
+        loaded[refit.dataset] = fitter.ref.reader.load(refit.dataset)  # as a fit job loads it
     full = loaded[refit.dataset]
     held = np.asarray(refit.rows, dtype=np.intp)
     if held.size and (held.max() >= full.n_rows):
@@ -219,6 +130,13 @@ def _refit(fitter: Fitter, refit: Refit, paths: Mapping[str, Path], loaded: dict
     fitter.start(sampling, threads=threads)
     tree, path, fallback = fitter.draws(sampling, model, train, structure, threads=threads)
     held_model = _built(fitter, row_subset(full, held), refit, "the held-out rows")
+    sizes = {dim: (len(model.coords[dim] or ()), len(held_model.coords.get(dim) or ())) for dim in model.coords}
+    differ = {dim: n for dim, n in sizes.items() if n[0] != n[1]}
+    if differ:
+        raise BatchfitError(f"the model's dims differ between the dataset without its held-out rows and those rows "
+                            f"({', '.join(f'{d}: {a} and {b}' for d, (a, b) in differ.items())}): the held-out rows' "
+                            "log-likelihood needs the refit's parameters, so its dims must come from the dataset's "
+                            "coding (data.coords), not from the rows' values")
     with structure.loaded(held_model):
         log_likelihood = structure.extras.compute(held_model, tree, seed)["log_likelihood"]
     [values] = log_likelihood.data_vars.values()  # the plan takes only a model with one observed variable

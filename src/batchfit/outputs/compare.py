@@ -22,7 +22,7 @@ import pandas as pd
 
 from batchfit.config import Config
 from batchfit.errors import ConfigError
-from batchfit.fitting.refits import KFOLD, PSIS, RELOO, Refit, RefitPlan, read_refit, refit_done
+from batchfit.fitting.refit_records import KFOLD, PSIS, RELOO, Refit, RefitPlan, read_refit, refit_done
 from batchfit.outputs.exact_elpd import PARETO_K, exact_elpd, fit_loo
 from batchfit.outputs.table_page import write_table_and_page
 from batchfit.variants import variant_configs

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from arviz_stats.loo import SamplingWrapper
 
-from batchfit.fitting.refits import HELD_OUT_DIM, KFOLD, RELOO
+from batchfit.fitting.refit_records import HELD_OUT_DIM, KFOLD, RELOO
 
 PARETO_K = 0.7  # above it, PSIS-LOO's estimate for an observation is unreliable (Vehtari et al. 2024)
 

@@ -23,16 +23,15 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from batchfit.compat.arviz_stats import kfold_folds
 from batchfit.config import Config
-from batchfit.data.dataset import load_dataset
-from batchfit.data.discovery import discover_datasets
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import ConfigError, DatasetError
-from batchfit.fitting.refits import KFOLD, PSIS, RELOO, Refit, RefitPlan, refit_done
+from batchfit.fitting.fitter import sweep_reader
+from batchfit.fitting.refit_records import KFOLD, PSIS, RELOO, Refit, RefitPlan, refit_done
 from batchfit.outputs.compare import compared_datasets, compared_variants
 from batchfit.sweep.plan import batch_size
 
@@ -47,7 +46,7 @@ def refit_plan(config: Config, *, cores: int | None = 1) -> RefitPlan:
     configs = compared_variants(config)
     settings = config.compare
     methods, notes, refits = {}, {}, []
-    paths = discover_datasets(config) if settings.kfold.stratify_by else {}
+    reader = sweep_reader(config, record=False) if settings.kfold.stratify_by else None
     for dataset_id, fits in compared_datasets(configs):
         if settings.method == PSIS:
             methods[dataset_id] = PSIS
@@ -65,7 +64,7 @@ def refit_plan(config: Config, *, cores: int | None = 1) -> RefitPlan:
                        for variant, loo in loos.items() for row in loo.flagged]
         elif method == KFOLD:
             n_rows = next(iter(loos.values())).elpd.n_data_points
-            strata = _strata(config, dataset_id, paths, n_rows)
+            strata = _strata(config, dataset_id, reader, n_rows)
             k = min(settings.kfold.k, n_rows)
             folds = kfold_folds(n_rows, k, settings.kfold.seed, strata)
             refits += [Refit(variant, dataset_id, KFOLD, f"kfold-{fold}-of-{k}",
@@ -97,19 +96,19 @@ def _method(asked: str, max_reloo: int, kfold_datasets: str, flagged: Sequence[i
     return KFOLD
 
 
-def _strata(config: Config, dataset_id: str, paths: Mapping[str, Path], n_rows: int) -> np.ndarray | None:
-    """The dataset's ``compare.kfold.stratify_by`` column (None without one), one value per row."""
+def _strata(config: Config, dataset_id: str, reader: DatasetReader | None, n_rows: int) -> np.ndarray | None:
+    """The dataset's ``compare.kfold.stratify_by`` column (None without one), one value per row of its fits."""
     column = config.compare.kfold.stratify_by
-    if column is None:
+    if column is None or reader is None:
         return None
-    dataset = load_dataset(dataset_id, paths[dataset_id])
+    dataset = reader.load(dataset_id)  # as its fits' jobs loaded it (row rules and all)
     if column not in dataset:
         raise ConfigError(f"dataset '{dataset_id}' has no column {column!r} to stratify its folds by (its columns: "
                           f"{', '.join(dataset.keys())})", key="compare.kfold.stratify_by", source=config.source)
     values = np.asarray(dataset[column])
     if values.shape != (n_rows,):
         raise DatasetError(f"column {column!r} (compare.kfold.stratify_by) has shape {values.shape}, not one "
-                           f"value per row ({n_rows})", dataset=dataset_id, path=paths[dataset_id], column=column)
+                           f"value per row ({n_rows})", dataset=dataset_id, path=dataset.path, column=column)
     return values
 
 
