@@ -38,6 +38,7 @@ localrules:
     collect_predictions,
     prediction_plots,
     predict,
+    refit_plan,
 
 
 rule all:

@@ -128,7 +128,7 @@ def job(args: argparse.Namespace) -> None:
 
     class Finished(logging.Handler):  # when each dataset's outcome is logged
         def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().split(": ", 1)[-1].startswith("ok in "):
+            if record.getMessage().split(": ", 1)[-1].startswith("fitted in "):
                 finished.append(time.perf_counter())
 
     logging.getLogger("batchfit").addHandler(Finished())

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from testkit import sweep_settings, table, write_config
+import yaml
+from testkit import sweep_settings, table, write_config, write_variant_sweep
 
 from batchfit import cli
 from batchfit.config import config_from_dict
@@ -195,3 +196,34 @@ def test_check_lists_every_bad_dataset_with_file_and_column(small_project: Path,
     assert not any("'d_000'" in line or "'d_002'" in line for line in lines), out
     assert "reference dataset: a.b" in out  # the first id, a renamed file's
     assert not (small_project / "results").exists()
+
+
+BROKEN_VARIANT_MODEL = "def build_model(data, noise='normal'):\n    raise ValueError('this variant cannot build')\n"
+
+
+def test_check_of_a_sweep_of_variants_checks_every_variant_or_the_one_named(tmp_path: Path, session_cache: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """One section a variant, each the report a check of that variant alone gives; exit 1 when any has a
+    problem, and a last line naming those that have one."""
+    config = write_variant_sweep(tmp_path, session_cache, 2)
+    (tmp_path / "broken.py").write_text(BROKEN_VARIANT_MODEL)
+    settings = yaml.safe_load(config.read_text())
+    settings["variants"]["broken"] = {"model": "broken.py"}
+    write_config(config, settings)
+    monkeypatch.chdir(tmp_path)
+
+    alone = {}
+    for variant in ("normal", "student", "broken"):
+        code = cli.main(["check", "--config", config.name, "--variant", variant])
+        alone[variant] = capsys.readouterr().out.splitlines()
+        assert code == (1 if variant == "broken" else 0), alone[variant]
+        assert alone[variant][0] == f"variant {variant} (results/{variant}):", alone[variant]
+    assert alone["normal"][-1] == alone["student"][-1] == "  check: ok"
+    assert "this variant cannot build" in "\n".join(alone["broken"])
+
+    code = cli.main(["check", "--config", config.name])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1, lines
+    assert lines == [*alone["normal"], *alone["student"], *alone["broken"],
+                     "check: 3 variants, problems in 1: broken"]

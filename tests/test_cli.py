@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import signal
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from testkit import HIERARCHICAL, REPO, write_config
 
 from batchfit.cli import _parser
 
@@ -80,3 +83,21 @@ print("never")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (run.returncode, run.stdout, run.stderr) == (3, "to stdout", "to stderr")
     assert (tmp_path / "job.log").read_text() == "logged line\n"
+
+
+def test_output_closed_early_ends_quietly_as_unix_tools_do(tmp_path: Path) -> None:
+    """``batchfit status ... | head``: the reader is gone before batchfit writes (its end of the pipe
+    closed at once, so the test does not race it): no traceback, the exit status of a process SIGPIPE
+    ended (what a shell shows for ``yes | head -1``'s ``yes``)."""
+    (tmp_path / "data").mkdir()
+    shutil.copy(REPO / "data" / "example" / "store_000.csv", tmp_path / "data")
+    write_config(tmp_path / "config.yaml", {"model": str(HIERARCHICAL), "datasets": ["data/*.csv"]})
+    args = [BATCHFIT, "status", "--config", "config.yaml"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE, stderr
+    assert stderr == "", stderr
+    # the same command with its output read is whole and exits 0
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout and not done.stderr, done

@@ -408,7 +408,7 @@ def value_and_threshold(draw: st.DrawFn) -> tuple[float, float]:
 
 @given(value_and_threshold(), st.integers(0, 6))
 def test_a_shown_value_reads_on_its_own_side_of_the_shown_threshold(pair: tuple[float, float], decimals: int) -> None:
-    from batchfit.outputs.health import number_text, shown_against
+    from batchfit.fitting.sampler_health import number_text, shown_against
 
     value, threshold = pair
     shown, shown_threshold = float(shown_against(value, threshold, decimals)), float(number_text(threshold))

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from batchfit.fitting import sampler_health
 from batchfit.outputs import diagnostics, intervals
 
 PROB = 0.89
@@ -156,10 +157,10 @@ def test_bfmi_equals_arviz_stats_per_chain(chains: int, draws: int) -> None:
     rng = np.random.default_rng(chains * 100 + draws)
     for phi in (-0.6, 0.0, 0.9, 0.9995):
         energy = ar1(rng, (chains, draws), phi) + 50.0
-        np.testing.assert_allclose(diagnostics.bfmi(energy), array_stats.bfmi(energy), rtol=1e-12, atol=0,
+        np.testing.assert_allclose(sampler_health.bfmi(energy), array_stats.bfmi(energy), rtol=1e-12, atol=0,
                                    err_msg=f"phi {phi}")
     constant = np.full((chains, draws), 3.0)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        np.testing.assert_array_equal(diagnostics.bfmi(constant), array_stats.bfmi(constant))
-    assert np.isnan(diagnostics.bfmi(constant)).all()
+        np.testing.assert_array_equal(sampler_health.bfmi(constant), array_stats.bfmi(constant))
+    assert np.isnan(sampler_health.bfmi(constant)).all()

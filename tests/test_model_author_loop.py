@@ -83,8 +83,10 @@ def test_a_sweep_with_bad_names_small_and_failing_datasets_runs_and_ends_with_ba
     # 5: the run exits non-zero, and its last lines are batchfit's: counts, one line per reason, where to look
     assert run.returncode == 1, out
     last = run.stderr.rstrip().splitlines()[-3:]
-    assert last[0].startswith("batchfit: 2 of 7 dataset(s) failed (5 fitted: ") and last[0].endswith(
-        "warning), for 1 reason(s):"), last
+    datasets = pd.read_csv(tmp_path / "results" / "datasets.csv")
+    n_ok, n_warning = ((datasets["status"] == status).sum() for status in ("ok", "warning"))
+    assert last[0].startswith(f"batchfit: 2 of 7 dataset(s) failed (5 fitted: {n_ok} ok, {n_warning} warning") \
+        and last[0].endswith("), for 1 reason(s):"), last
     assert last[1] == f"  2 datasets (e_one, e_two): {error} at rowcheck.py:{frame.lineno}", last
     assert "results/failures.csv" in last[2] and "batchfit status --config" in last[2], last
     for crash in ("Error in rule", "CalledProcessError", "RuleException", "WorkflowError", "Traceback"):

@@ -9,6 +9,7 @@ sha256, and nothing from the standard library or installed packages.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import json
 import os
 import re
@@ -22,7 +23,8 @@ import pytest
 import xarray as xr
 from testkit import HIERARCHICAL, REPO, snakemake, write_config
 
-from batchfit.model.imports import user_import_files, user_imports
+from batchfit.compat.python import library_roots
+from batchfit.model.imports import is_user_file, user_import_files, user_imports
 
 BIN = Path(sys.executable).parent
 
@@ -107,6 +109,34 @@ def test_the_scan_imports_nothing(helpers: Path) -> None:
     (helpers / "lib" / "bfh_pkg" / "__init__.py").write_text("raise RuntimeError('executed')\n")
     assert "bfh_pkg" in user_imports(helpers / "model.py")
     assert not any(name.startswith("bfh_") for name in sys.modules)
+
+
+class RaisingFinder(importlib.abc.MetaPathFinder):
+    """A finder of some other library that raises on names it does not know (importlib's namespace
+    paths raise KeyError for a parent missing from sys.modules)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        raise KeyError(fullname)
+
+
+def test_the_scan_survives_a_finder_that_raises(helpers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = user_imports(helpers / "model.py")
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, RaisingFinder()])  # asked about every name no other has
+    assert user_imports(helpers / "model.py") == expected
+    assert set(expected) == {"bfh_pkg", "bfh_pkg.scales", "bfh_pkg.sub", "bfh_pkg.sub.deep", "bfh_plain"}
+
+
+def test_a_library_file_reached_through_a_symlink_is_no_user_file(tmp_path: Path) -> None:
+    """Library roots and files are compared resolved: a process started through a symlinked prefix sees
+    the installed packages through the link, and they are still the libraries'."""
+    site = Path(np.__file__).resolve().parent.parent
+    (tmp_path / "linked").symlink_to(site, target_is_directory=True)
+    assert not is_user_file(tmp_path / "linked" / "numpy" / "__init__.py")
+    assert not is_user_file(np.__file__)
+    (tmp_path / "mine.py").write_text("")
+    assert is_user_file(tmp_path / "mine.py")
+    # a sibling folder whose name starts like a root's is not under it
+    assert any(is_user_file(f"{root}-beside/x.py") for root in library_roots())
 
 
 # --- modules beside the model file ------------------------------------------------------------

@@ -261,7 +261,7 @@ def test_status_of_one_dataset_shows_its_state_and_log_lines(project):
     assert out.startswith(f"dataset_001: fitted ({row['status']}; {row['rows']} rows, {row['groups']}")
     log = [line for line in out.splitlines() if line.startswith("  ")]
     assert any(re.search(r"INFO batch-\w+ holds 2 dataset\(s\): dataset_000 dataset_001$", line) for line in log), out
-    assert any(re.search(r"INFO dataset_001: ok in [\d.]+ s$", line) for line in log), out
+    assert any(re.search(r"INFO dataset_001: fitted in [\d.]+ s(, sampler warning: .+)?$", line) for line in log), out
     assert not any("dataset_002" in line for line in log if " holds " not in line)
 
     failure = json.loads((project / "results" / "failures" / f"{BAD}.json").read_text())

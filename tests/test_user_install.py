@@ -14,6 +14,7 @@ between its workers instead of running them all on one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -274,6 +275,70 @@ class TestNetCDFDatasets:
     def test_a_grouped_mvnormal_over_netcdf_datasets_fits_every_dataset(self, user_bin, tmp_path):
         ids = new_project(user_bin, tmp_path / "mvn", GROUPED_MVNORMAL, grouped_outcomes, datasets="data/*.nc")
         assert_every_dataset_fitted(user_bin, tmp_path / "mvn", tmp_path / "mvn" / "results", ids)
+
+
+# A model importing a helper beside it, in a project reached through a symlink (issue #58: on clusters home
+# and scratch are often symlinks), with the venv beside it reached through the same link.
+HELPER_MODEL = """\
+    import pymc as pm
+    from scales import PRIOR_SD
+
+
+    def build_model(data):
+        with pm.Model() as model:
+            x = pm.Data("x", data["x"])
+            y = pm.Data("y", data["y"])
+            b = pm.Normal("b", 0.0, PRIOR_SD)
+            sigma = pm.HalfNormal("sigma", PRIOR_SD)
+            pm.Normal("y_obs", b * x, sigma, observed=y, shape=x.shape)
+        return model
+"""
+# What a notebook builds and what the scan of the model's imports finds, as one line of JSON.
+NOTEBOOK_PROBE = """\
+import json, sys, batchfit
+from batchfit.model.imports import user_import_files, user_imports
+model = batchfit.build_model("config.yaml", "d0")
+print(json.dumps({"prefix": sys.prefix, "free": sorted(v.name for v in model.free_RVs),
+                  "imports": user_imports("model.py"), "files": user_import_files("model.py")}))
+"""
+
+
+def regression_rows(directory: Path, i: int) -> None:
+    rng = np.random.default_rng([58, i])
+    x = rng.normal(0.0, 1.0, 30).round(4)
+    pd.DataFrame({"x": x, "y": (0.7 * x + rng.normal(0.0, 0.5, 30)).round(4)}).to_csv(directory / f"d{i}.csv",
+                                                                                      index=False)
+
+
+class TestSymlinkedPrefix:
+    def test_notebook_check_and_sweep_through_a_symlinked_folder_of_venv_and_project(self, user_bin, tmp_path):
+        """Python started as ``home/venv/bin/python``, ``home`` a symlink to the folder holding a symlink to
+        the user's venv and the project: the notebook API, ``batchfit check`` and a sweep work, and the scan
+        of the model's imports finds the same helper, by its real file, as a process started the real way."""
+        real = tmp_path / "real"
+        real.mkdir()
+        (real / "venv").symlink_to(user_bin.parent, target_is_directory=True)
+        (tmp_path / "home").symlink_to(real, target_is_directory=True)
+        linked_bin = tmp_path / "home" / "venv" / "bin"
+        project = tmp_path / "home" / "proj"
+        ids = new_project(linked_bin, project, HELPER_MODEL, regression_rows)
+        (real / "proj" / "scales.py").write_text("PRIOR_SD = 2.0\n")
+        helper = real / "proj" / "scales.py"
+        expected = {"free": ["b", "sigma"], "imports": {"scales": hashlib.sha256(helper.read_bytes()).hexdigest()},
+                    "files": [str(helper.resolve())]}
+
+        found = {}
+        for name, bin_dir, cwd in (("linked", linked_bin, project), ("real", user_bin, real / "proj")):
+            probe = run(bin_dir, "python", "-c", NOTEBOOK_PROBE, cwd=cwd)
+            assert probe.returncode == 0, f"{name}:\n{probe.stderr[-3000:]}"
+            found[name] = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert found["linked"]["prefix"] == str(tmp_path / "home" / "venv"), found  # started through the link
+        for name, result in found.items():
+            assert {k: result[k] for k in expected} == expected, (name, result)
+
+        check = run(linked_bin, "batchfit", "check", "--config", "config.yaml", cwd=project)
+        assert check.returncode == 0, f"{check.stdout[-3000:]}\n{check.stderr[-3000:]}"
+        assert_every_dataset_fitted(linked_bin, project, project / "results", ids)
 
 
 class TestTableSweep:

@@ -56,6 +56,7 @@ def test_a_grid_makes_a_variant_per_combination_with_paramspace_ids():
     ({"variants": {"a": {"sampler": {"drawz": 5}}}}, "variants.a.sampler.drawz", "did you mean 'draws'"),
     ({"variants": {"a": {"sampler": {"draws": 0}}}}, "variants.a.sampler.draws", "must be >= 1"),
     ({"variants": {"a": {"datasets": ["x/*.csv"]}}}, "variants.a.datasets", "every variant of a sweep shares it"),
+    ({"variants": {"a": {"compare": {"method": "psis"}}}}, "variants.a.compare", "every variant of a sweep shares it"),
     ({"variants": {"a/b": {}}}, "variants.a/b", "not usable as a folder name"),
     ({"variants": {"fits": {}}}, "variants.fits", "results_dir already uses"),
     ({"variants": {"a": 3}}, "variants.a", "must be a mapping"),
@@ -84,23 +85,36 @@ def test_a_variants_model_file_must_exist_and_compare_needs_the_log_likelihood(t
 
 
 def test_comparison_csv_is_arviz_stats_compare_of_each_datasets_fits(variant_sweep):
+    """Each fit's elpd is PSIS-LOO's where it is reliable, and arviz_stats.compare's ranks, differences and
+    weights of the elpds compared; a fit where PSIS-LOO flags observations is refitted without each
+    (compare.method auto: reloo, which tests/test_exact_compare.py checks against refits by hand)."""
     results = variant_sweep.parent / "results"
-    comparison = pd.read_csv(results / "comparison.csv")
+    comparison = pd.read_csv(results / "comparison.csv", keep_default_na=False)
     assert list(comparison.columns) == ["dataset", "variant", "elpd_loo", "se", "p_loo", "n_obs", K_COLUMN, "rank",
-                                        "elpd_diff", "dse", "weight"]
+                                        "elpd_diff", "dse", "weight", "method", "n_refits", "note"]
     assert sorted(comparison["dataset"].unique()) == ["shop_000", "shop_001", "shop_002"]
     for dataset_id in ("shop_000", "shop_002"):
         trees = {v: xr.open_datatree(results / v / "fits" / f"{dataset_id}.nc") for v in VARIANTS}
-        expected = arviz_stats.compare(trees, round_to="none")
         rows = comparison[comparison["dataset"] == dataset_id].set_index("variant")
         for variant, tree in trees.items():
             row, loo = rows.loc[variant], arviz_stats.loo(tree, pointwise=True)
-            np.testing.assert_allclose(
-                [row["elpd_loo"], row["se"], row["p_loo"], row["elpd_diff"], row["dse"], row["weight"]],
-                expected.loc[variant, ["elpd", "se", "p", "elpd_diff", "dse", "weight"]].astype(float), rtol=1e-9)
-            assert row["rank"] == expected.loc[variant, "rank"]
-            assert row[K_COLUMN] == int((loo.pareto_k.values > PARETO_K).sum())
+            flagged = int((loo.pareto_k.values > PARETO_K).sum())
+            assert (row[K_COLUMN], row["method"], row["n_refits"]) == ((flagged, "reloo", flagged) if flagged
+                                                                        else (0, "psis", 0))
+            if not flagged:
+                np.testing.assert_allclose([row["elpd_loo"], row["se"], row["p_loo"]], [loo.elpd, loo.se, loo.p],
+                                           rtol=1e-9)
             assert row["n_obs"] == tree["log_likelihood"]["y_obs"].sizes["y_obs_dim_0"]
+        if set(rows["method"]) == {"psis"}:  # as arviz_stats.compare of the fits themselves
+            expected = arviz_stats.compare(trees, round_to="none")
+            np.testing.assert_allclose(rows.loc[list(trees), ["elpd_diff", "dse", "weight"]].to_numpy(float),
+                                       expected.loc[list(trees), ["elpd_diff", "dse", "weight"]].astype(float),
+                                       rtol=1e-9, atol=1e-12)
+        best = rows["elpd_loo"].max()
+        np.testing.assert_allclose(rows["elpd_diff"], rows["elpd_loo"] - best, atol=1e-9)
+        assert rows.loc[rows["elpd_loo"] == best, "rank"].tolist() == [0]
+        assert rows["weight"].sum() == pytest.approx(1.0)
+        for tree in trees.values():
             tree.close()
 
 
@@ -138,11 +152,18 @@ def test_open_results_stacks_the_variants_and_status_and_compare_commands_take_t
     status = subprocess.run([sys.executable, "-m", "batchfit.cli", "status", "--config", variant_sweep.name],
                             cwd=variant_sweep.parent, capture_output=True, text=True, timeout=300)
     assert status.returncode == 0, status.stderr
-    assert [line for line in status.stdout.splitlines() if not line.startswith("    ")] == [
+    health = {}  # each variant's health line: datasets.csv's counts
+    for variant in VARIANTS:
+        statuses = pd.read_csv(results / variant / "datasets.csv")["status"]
+        health[variant] = f"  3 fitted: {(statuses == 'ok').sum()} ok, {(statuses == 'warning').sum()} warning"
+    lines = [line for line in status.stdout.splitlines() if not line.startswith("    ")]
+    assert [lines[0], lines[1], lines[3], lines[4], lines[5], lines[7]] == [
         "variant normal (results/normal):", "  3 dataset(s): 3 fitted, 0 pending, 0 failed",
         "  time left: none, nothing is pending",
         "variant student (results/student):", "  3 dataset(s): 3 fitted, 0 pending, 0 failed",
         "  time left: none, nothing is pending"]
+    for line, variant in ((lines[2], "normal"), (lines[6], "student")):
+        assert line.startswith(health[variant]) and line.endswith(f"(results/{variant}/datasets.csv)"), line
     shutil.copytree(variant_sweep.parent, tmp_path / "copy")  # the command line's compare: the rule's table
     again = subprocess.run([sys.executable, "-m", "batchfit.cli", "compare", "--config", variant_sweep.name],
                            cwd=tmp_path / "copy", capture_output=True, text=True, timeout=300)

@@ -23,11 +23,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from batchfit.errors import BatchfitError, ModelCodeError
+
+if TYPE_CHECKING:
+    from batchfit.config import Config
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,7 +57,8 @@ _STAGES = (("check", "check datasets and that the model compiles fully with numb
            ("predict", "predict the new inputs of config key predict from the fits: pending (or the named) "
                        "datasets, then predictions.csv; exit 1 if any prediction failed"),
            ("sbc", "simulation-based calibration: simulate from the prior, fit, rank, test; exit 1 unless it passes"),
-           ("compare", "a sweep of variants, each collected: compare them per dataset by PSIS-LOO (comparison.csv)"),
+           ("compare", "a sweep of variants, each collected: compare them per dataset (comparison.csv), by PSIS-LOO "
+                       "or where it is unreliable from refits run in this process (compare: in the config)"),
            ("sensitivity", "outputs.sensitivity, once collected: power-scaling sensitivity of every fit "
                            "(sensitivity.csv)"))
 
@@ -75,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in _STAGES:
         p = command(name, text)
         _config_option(p, variant=name != "compare")
-        if name in ("fit", "run", "sbc"):
+        if name in ("fit", "run", "sbc", "compare"):
             p.add_argument("--threads", type=int, default=1,
                            help="threads for a dataset's chains (and processes for a compile: two at most)")
         if name == "compile":
@@ -133,11 +140,45 @@ def _config_option(parser: argparse.ArgumentParser, *, variant: bool = True) -> 
                                                         "current directory)")
     if variant:  # compare takes every variant
         parser.add_argument("--variant", metavar="ID", help="in a sweep of variants (docs/variants.md), the variant "
-                                                            "to work on (status: default every variant)")
+                                                            "to work on (status and check: default every variant)")
+
+
+# The exit status of a command whose output was closed early: a shell's for a process ended by SIGPIPE
+# (128 + 13), what ``yes | head -1`` gives ``yes``.
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``batchfit`` command."""
+    """Entry point of the ``batchfit`` command.
+
+    Output closed early (``batchfit status ... | head -4``) ends it quietly, as Unix tools end: no
+    traceback, exit status `EXIT_OUTPUT_CLOSED`. Its output is flushed here, so that a closed pipe is
+    met inside this function rather than in the interpreter's exit.
+    """
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # later flushes (the exit's) write nowhere instead of raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("batchfit").setLevel(logging.INFO)
@@ -181,10 +222,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(status.status_lines(config, dataset=args.dataset, variant=args.variant)))
         return 0
     if args.command == "compare":
-        from batchfit.outputs.compare import write_comparison
-
-        print(f"compare: wrote {', '.join(map(str, write_comparison(config)))}")
+        print(f"compare: wrote {', '.join(map(str, pipeline.run_compare(config, threads=args.threads)))}")
         return 0
+    if args.command == "check":
+        return _check(config, args.variant, every_model=args.every_model)
     config = one_variant(config, args.variant)
     apply_cpu_target(config.cache.cpu_target, str(args.config))
     if args.command == "sbc":
@@ -209,12 +250,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         if report:
             print(report, file=sys.stderr)
         return 1 if failed else 0
-    if args.command == "check":
-        from batchfit.sweep.check import check_model
-
-        report = check_model(config, every_model=args.every_model)
-        print("\n".join(report.lines()))
-        return 0 if report.ok else 1
     if args.command in ("compile", "run"):
         stamp = pipeline.run_compile(config, workers=args.threads)
         print(stamp["line"])
@@ -229,6 +264,30 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(failed_report, file=sys.stderr)
             return 1
     return 0
+
+
+def _check(config: Config, variant: str | None, *, every_model: bool = False) -> int:
+    """``batchfit check``: the config's datasets and model; in a sweep of variants every variant's, a section
+    each (only ``variant``'s when given). Exit 1 when any has a problem."""
+    from batchfit.compile.cputarget import apply_cpu_target
+    from batchfit.sweep.check import check_model
+    from batchfit.variants import configs_of, one_variant
+
+    configs = {variant: one_variant(config, variant)} if variant is not None else configs_of(config)
+    problems = []
+    for name, variant_config in configs.items():
+        apply_cpu_target(variant_config.cache.cpu_target, str(config.source))
+        report = check_model(variant_config, every_model=every_model)
+        lines = report.lines()
+        if name is not None:
+            lines = [f"variant {name} ({variant_config.results_dir}):", *(f"  {line}" for line in lines)]
+        print("\n".join(lines), flush=True)
+        if not report.ok:
+            problems.append(name)
+    if len(configs) > 1:
+        print(f"check: {len(configs)} variants, " + (f"problems in {len(problems)}: {', '.join(problems)}"
+                                                    if problems else "every one ok"))
+    return 1 if problems else 0
 
 
 def _debug(args: argparse.Namespace, config: object) -> int:

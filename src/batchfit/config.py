@@ -128,9 +128,9 @@ class SummarySettings:
 class ReportSettings:
     """What the sweep report's forest plots show (the `plots` rule; `report.*` in the config).
 
-    `var_names` None: the scalar free parameters, or the vector ones, or the deterministics
-    (`batchfit.outputs.plots.default_forest_variables`). Variables are chosen among those posteriors.nc
-    holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
+    `var_names` None: the scalar deterministics, or the scalar free parameters, or the vector ones, or the
+    vector deterministics (`batchfit.outputs.plots.default_forest_variables`). Variables are chosen among
+    those posteriors.nc holds (`summary.var_names`). A variable with more than `max_rows` rows (datasets, or dataset
     x element) is drawn as a summary view, its intervals sorted by mean, without a label per row.
     Read by the plots rule only, so not in the provenance digest: changing it refits nothing.
     """
@@ -241,6 +241,28 @@ class SBCSettings:
 
 
 @dataclass(frozen=True)
+class KFoldSettings:
+    """K-fold cross-validation's settings (`compare.kfold`)."""
+
+    k: int = 10
+    stratify_by: str | None = None
+    datasets: str = "unreliable"  # or "all": every dataset, not only those where PSIS-LOO is unreliable
+    seed: int = 271
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """How the compare rule estimates each fit's expected log predictive density (`compare.*`):
+    PSIS-LOO, refits without each observation PSIS cannot estimate (``reloo``), K-fold, or ``auto``
+    (`batchfit.sweep.refit_plan`). Read by the refits and the compare rule only: in no fit's digest.
+    """
+
+    method: str = "auto"
+    max_reloo: int = 5
+    kfold: KFoldSettings = field(default_factory=KFoldSettings)
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated batchfit config; `source` is the config file (or "<dict>") for messages."""
 
@@ -263,6 +285,7 @@ class Config:
     sbc: SBCSettings = field(default_factory=SBCSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     predict: PredictSettings = field(default_factory=PredictSettings)  # not `enabled`: no predictions
+    compare: CompareSettings = field(default_factory=CompareSettings)
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)  # build_model's keyword parameters
     # A sweep of variants (`batchfit.variants`): the raw overrides by id and the grid, as the file has them.
     variants: Mapping[str, Any] = field(default_factory=dict, hash=False)

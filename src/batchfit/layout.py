@@ -22,7 +22,7 @@ PREDICTION_FAILURES_CSV = "prediction_failures.csv"
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
                             "data_sha256.json", "tables", "register", "summaries", "orphaned", "plots", "report", "sbc",
-                            "status.txt", "predictions", "predict_plan.json", "predict_status.txt", PREDICTIONS_CSV,
+                            "status.txt", "refits", "predictions", "predict_plan.json", "predict_status.txt", PREDICTIONS_CSV,
                             PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV,
                             COMPARISON_CSV, SENSITIVITY_CSV})
 
@@ -254,6 +254,28 @@ class ResultsLayout:
     def comparison(self) -> Path:
         """The compare rule's table: PSIS-LOO of every variant per dataset (`batchfit.outputs.compare`)."""
         return self.root / COMPARISON_CSV
+
+    # --- the exact comparisons: refits without some rows (`batchfit.fitting.refits`)
+    @property
+    def refits(self) -> Path:
+        """A sweep's refit plan; a variant's refits: their results and batch manifests."""
+        return self.root / "refits"
+
+    @property
+    def refit_plan(self) -> Path:
+        """The refits the compare rule needs, in batches (`batchfit.sweep.refit_plan`)."""
+        return self.refits / "plan.json"
+
+    def refit_manifest(self, batch_id: str) -> Path:
+        """A refit job's declared output (in its variant's layout): each refit's outcome."""
+        return self.refits / "batches" / f"{batch_id}.json"
+
+    def refit_log(self, batch_id: str) -> Path:
+        return self.logs / "refit" / f"{batch_id}.log"
+
+    def refit(self, dataset_id: str, refit_id: str) -> Path:
+        """One refit's result: the held-out rows' pointwise log-likelihood under its draws."""
+        return self.refits / "fits" / dataset_id / f"{refit_id}.nc"
 
     @property
     def sensitivity(self) -> Path:

@@ -21,8 +21,8 @@ from batchfit.errors import ConfigError
 from batchfit.layout import RESERVED_NAMES
 
 # Keys every variant shares: the datasets it is compared on (their sources, rows and per-dataset values), where
-# results and the cache go, the sweep itself.
-SHARED_KEYS = ("datasets", "rows", "values", "results_dir", "cache_dir", "variants", "grid", "sbc")
+# results and the cache go, the sweep itself and how its variants are compared.
+SHARED_KEYS = ("datasets", "rows", "values", "results_dir", "cache_dir", "variants", "grid", "sbc", "compare")
 PARAM_SEP, GRID_SEP = "~", "_"  # Paramspace's param_sep and filename_sep
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~+=-]*")
 

@@ -12,6 +12,7 @@ from batchfit.sweep.snakemake_job import snakemake_config
 from batchfit.variants import configs_of
 from batchfit.sweep.resources import fit_resources, fit_threads
 from batchfit.model.imports import user_import_files
+from batchfit.fitting.refit_records import RefitPlan
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, sweep_plan, write_plan
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 from batchfit.sweep.predict_plan import sweep_predict_plan, write_predict_plan
@@ -37,6 +38,7 @@ BUNDLE = compiled_bundle_path(BF).parent / "{stamp}.zip"
 wildcard_constraints:
     variant="|".join(map(re.escape, VARIANTS)) or "(?!)",
     stamp="|".join(map(re.escape, STAMPS)),
+    refit_batch="refit-[0-9a-f]+",
 
 
 # Without a shared filesystem (`--shared-fs-usage none` and a storage plugin: docs/cluster.md) only the
@@ -132,24 +134,27 @@ onstart:
 
 
 def end_run(error=False):
-    """End the run: print the status rule's verdict last, and exit non-zero when datasets failed
-    (`batchfit.sweep.verdict.end_of_run`); and let Snakemake exit as soon as the run ends, not a
+    """End the run with the status rule's verdict as its last lines, success or not: how many datasets were
+    fitted and how healthy, and which failed (`batchfit.sweep.verdict.end_of_run`), exiting non-zero when
+    datasets failed or (`error=True`) a job did; and let Snakemake exit as soon as the run ends, not a
     second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`).
 
     A function, so that a project using this workflow as a module can call it from its own
-    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in `onsuccess:`,
-    since with failed datasets it ends the process. After a failed job (`error=True`) it prints the
-    verdict, if there is one, and leaves the exit to Snakemake.
+    `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in both, since it
+    ends the process. A run that wrote no verdict (a job failed before the status rule, or a target
+    without it, such as `snakemake sbc`) is left to end as Snakemake ends it.
     """
     from batchfit.sweep.verdict import end_of_run  # here: parsing the Snakefile waits for no more imports
 
     end_snakemake_rate_timers()
-    ends = [end_of_run(variant_config) for variant_config in CONFIGS.values()]
+    ends = [end_of_run(c, since=workflow.start_time.timestamp()) for c in CONFIGS.values()]
     code, verdict = max(c for c, _ in ends), "\n".join(v for _, v in ends if v)
-    if verdict and error:
-        print(verdict, file=sys.stderr)
-    elif verdict:
-        exit_run(code, verdict)
+    if not verdict:
+        return
+    if error:
+        logs = ", ".join(map(str, workflow.logger_manager.get_logfile())) or "none"
+        code, verdict = 1, f"{verdict}\nbatchfit: a job failed, its error is above (Snakemake's log: {logs})"
+    exit_run(code, verdict)
 
 
 onsuccess:
@@ -276,3 +281,22 @@ def predict_paths(path):
     if VARIANTS:
         return [here(p) for p in expand(str(path), variant=PREDICTING)]
     return [here(path)] if PREDICTING else []
+# The exact comparisons of a sweep of variants (workflow/rules/compare.smk): the refit plan's batches.
+
+
+def planned_refits():
+    """The refit plan the checkpoint wrote (a function: known once it ran)."""
+    return RefitPlan.read(checkpoints.refit_plan.get().output[0])
+
+
+def refit_manifests(wildcards):
+    """Every pending refit batch's manifest: the compare rule waits for them."""
+    plan = planned_refits()
+    return [here(CONFIGS[plan.batch_variant(b)].layout.refit_manifest(b)) for b in plan.batches]
+
+
+def refit_resource(name):
+    """A refit job's `name` resource, as a fit job's of as many datasets."""
+    return lambda wildcards, input, threads, attempt: fit_resources(
+        bf(wildcards).sampler, len(planned_refits().batches[wildcards.refit_batch]), input.compiled, attempt, threads
+    )[name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import sysconfig
 from types import ModuleType
@@ -11,9 +12,14 @@ from typing import Any
 
 @functools.cache
 def library_roots() -> tuple[str, ...]:
-    """Directories of installed packages and the standard library (code pinned by versions)."""
+    """Directories of installed packages and the standard library (code pinned by versions), symlinks resolved.
+
+    ``sysconfig`` gives them under the prefix as Python was started (``~/proj/.venv/bin/python`` with
+    ``/home`` a symlink), while a module's file is compared with them resolved: both sides are real paths.
+    """
     paths = sysconfig.get_paths()
-    return tuple(sorted({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}))
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    return tuple(sorted({os.path.realpath(paths[k]) for k in keys if k in paths}))
 
 
 class _SysWithoutIntern(ModuleType):

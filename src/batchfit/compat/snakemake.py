@@ -1,5 +1,5 @@
 """Snakemake: the scheduler's last rate-limit timer, which holds a finished run's exit, and a finished
-run's exit status from its ``onsuccess`` handler."""
+run's last lines and exit status from its ``onsuccess`` and ``onerror`` handlers."""
 
 from __future__ import annotations
 
@@ -27,18 +27,18 @@ def end_snakemake_rate_timers() -> int:
 
 
 def exit_run(code: int, text: str) -> None:
-    """End a finished Snakemake run from its ``onsuccess`` handler with ``text`` as its last lines and
-    exit status ``code`` (when ``code`` is not 0).
+    """End a finished Snakemake run from its ``onsuccess`` or ``onerror`` handler with ``text`` as its last
+    lines and exit status ``code``.
 
-    Snakemake (9.27, ``Workflow.execute`` in ``snakemake/workflow.py``) calls the handler inside its
+    Snakemake (9.27, ``Workflow.execute`` in ``snakemake/workflow.py``) calls the handlers inside its
     directory lock's context manager, and its command line (``snakemake.cli.main``) catches
-    ``Exception`` only: a ``SystemExit`` from the handler releases the lock and ends the process
-    with its code, after the handler's output and without a traceback, and skips the lines
-    Snakemake would print after the handler (the log's path, the run time). A run whose every
-    job succeeded has no other way to exit non-zero. ``tests/test_compat.py`` checks this.
+    ``Exception`` only: a ``SystemExit`` from a handler releases the lock and ends the process with
+    its code, after the handler's output and without a traceback, and skips the lines Snakemake
+    would print after the handler (the log's path, the run time; after ``onerror`` its
+    ``WorkflowError``). A run whose every job succeeded has no other way to exit non-zero, nor a
+    run any way to end with the handler's lines. ``tests/test_compat.py`` checks this.
     """
     import sys
 
     print(text, file=sys.stderr, flush=True)
-    if code:
-        raise SystemExit(code)
+    raise SystemExit(code)

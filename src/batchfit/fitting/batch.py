@@ -37,6 +37,7 @@ from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.lanes import LANE_STAGE, lanes
 from batchfit.fitting.outcome import BatchReport, Outcome, format_groups, hint, record_failed, write_manifest
 from batchfit.fitting.provenance import Provenance, record
+from batchfit.fitting.sampler_health import sampler_reasons
 
 log = logging.getLogger("batchfit")
 
@@ -73,15 +74,36 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
                 if outcome.stage == LANE_STAGE:  # its lane died with it: nobody else records it
                     record_failed(config, outcome, source_of(reader.index, outcome.dataset))
                 report.outcomes.append(outcome)
-                log.info("%s: %s in %.2f s%s", outcome.dataset, outcome.status, outcome.seconds,
-                         f" ({outcome.stage}: {outcome.message})" if outcome.message else "")
+                log.info("%s", outcome_line(outcome))
                 progress.done_one()
                 if outcome.status == "failed" and config.on_error == "stop":
                     raise BatchfitError(f"dataset '{outcome.dataset}' failed at {outcome.stage}: {outcome.message}")
         finally:  # the helpers are ended on leaving `lanes`; this lane's sample is cancelled by `own`'s own finally
             own.close()
             write_manifest(config, report)
+    log.info("%s", batch_line(report))
     return report
+
+
+def outcome_line(outcome: Outcome) -> str:
+    """A dataset's line in the fit log: ``theoph_08: fitted in 0.70 s, sampler warning: 1 divergences > 0``.
+
+    A fitted dataset is not called ``ok``: its health is collect's to score (R-hat and ESS need a
+    summary), and datasets.csv may mark it ``warning``. What the sampler's statistics decide is
+    said here, in datasets.csv's words (`batchfit.fitting.sampler_health`).
+    """
+    if outcome.status == "failed":
+        return f"{outcome.dataset}: failed in {outcome.seconds:.2f} s ({outcome.stage}: {outcome.message})"
+    warned = f", sampler warning: {'; '.join(outcome.warnings)}" if outcome.warnings else ""
+    return f"{outcome.dataset}: fitted in {outcome.seconds:.2f} s{warned}"
+
+
+def batch_line(report: BatchReport) -> str:
+    """The fit log's last line: the batch's fitted and failed datasets, and what is left to collect."""
+    fitted = [o for o in report.outcomes if o.status != "failed"]
+    warned = sum(bool(o.warnings) for o in fitted)
+    return (f"{report.batch}: {len(fitted)} fitted ({warned} with a sampler warning), {report.n_failed} failed; "
+            "collect scores every fit's health (R-hat, ESS and the sampler's) into datasets.csv")
 
 
 def in_batch_order(outcomes: Iterable[tuple[int, Outcome]]) -> Iterator[Outcome]:
@@ -188,8 +210,10 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     """Take a started dataset's sample, add its outputs and write its fit; a failure becomes its Outcome."""
     config = fitter.config
     try:
-        tree = fitter.result(job.sampling, job.model, job.dataset, job.structure, threads=threads,
-                             provenance=job.provenance)
+        tree, path, fallback = fitter.draws(job.sampling, job.model, job.dataset, job.structure, threads=threads)
+        tree = fitter.finish(tree, job.model, job.dataset, job.structure, job.sampling.seed, job.provenance, path,
+                             fallback)
+        warnings = sampler_reasons(tree["sample_stats"].to_dataset(), config.health, job.dataset.n_rows)
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
         tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
@@ -203,7 +227,8 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - as in `_prepare`
         return _failed(config, job, exc)
     config.layout.failure(job.id).unlink(missing_ok=True)
-    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"])
+    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"],
+                   warnings=warnings)
 
 
 # The reasons of the model errors whose full traceback this process has logged: once each is enough.

@@ -170,7 +170,7 @@ class Sampling:
 
     @property
     def finished(self) -> bool:
-        """Whether `Fitter.result` would return without waiting for the chains."""
+        """Whether `Fitter.draws` would return without waiting for the chains."""
         if self.sampler is None:
             return True
         try:
@@ -178,7 +178,7 @@ class Sampling:
         except TimeoutError:  # nutpie 0.16 raises this, instead of returning False, while chains run
             return False
         except Exception as exc:  # noqa: BLE001 - it raises the sample's own error (e.g. no initial point) here
-            self.error = SamplerFailure(one_line(exc))  # for `Fitter.result`, which then tries nutpie's own compile
+            self.error = SamplerFailure(one_line(exc))  # for `Fitter.draws`, which then tries nutpie's own compile
             self.error.__cause__ = exc
             return True
 
@@ -278,15 +278,15 @@ class Fitter:
                 f"take these sampler settings: {problems_line(problems)}", key=problems[0].key,
                 source=self.config.source)
 
-    def sampling(self, model: Any, dataset: Dataset, structure: Structure) -> Sampling:
-        """Everything a dataset's sample needs but the threads: its seed and nutpie sampler model.
+    def sampling(self, model: Any, dataset: Dataset, structure: Structure, *, seed: int | None = None) -> Sampling:
+        """Everything a dataset's sample needs but the threads: its seed (else `dataset_seed`), nutpie sampler model.
 
         A sampler setting the structure's path cannot honour is a `ConfigError` (`check_settings`). A
-        dataset the cached path cannot take is kept for `result`, which tries nutpie's own compile.
+        dataset the cached path cannot take is kept for `draws`, which tries nutpie's own compile.
         """
         self.check_settings(structure, model, dataset)
-        sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id))
-        if structure.path == PYMC:  # pm.sample builds its own sampler, in `result`
+        sampling = Sampling(dataset_seed(self.config.sampler.seed, dataset.id) if seed is None else seed)
+        if structure.path == PYMC:  # pm.sample builds its own sampler, in `draws`
             return sampling
         try:
             sampling.model = structure.sampler_model(model, self.chain_start)
@@ -296,13 +296,13 @@ class Fitter:
 
     def start(self, sampling: Sampling, *, threads: int) -> None:
         """Start sampling in nutpie's own threads (outside the GIL) and return at once."""
-        if sampling.error is not None or sampling.model is None:  # nothing to start (PyMC's path samples in `result`)
+        if sampling.error is not None or sampling.model is None:  # nothing to start (PyMC's path samples in `draws`)
             return
         sampling.sampler = self._nutpie_sample(sampling.model, sampling.seed, threads, blocking=False)
 
-    def result(self, sampling: Sampling, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
-               provenance: Provenance) -> Any:
-        """Wait for a started sample and return the dataset's DataTree.
+    def draws(self, sampling: Sampling, model: Any, dataset: Dataset, structure: Structure, *,
+              threads: int) -> tuple[Any, str, str]:
+        """Wait for a started sample: its raw DataTree (`finish` completes it), the path and why not the cached one.
 
         If the cached path cannot take the dataset (`CachedPathUnsupported`) or nutpie's sampler
         fails on it there (`SamplerFailure`), it is sampled again through nutpie's own compile,
@@ -312,8 +312,7 @@ class Fitter:
         """
         seed, path, fallback = sampling.seed, structure.path, structure.reason or ""
         if path == PYMC:
-            return self.finish(self._pymc_sample(model, dataset, seed), model, dataset, structure, seed,
-                               provenance, path, fallback)
+            return self._pymc_sample(model, dataset, seed), path, fallback
         try:
             if sampling.error is not None:
                 raise sampling.error
@@ -334,14 +333,15 @@ class Fitter:
                     f"({fallback}) and through nutpie's own compile, which is what "
                     f"pm.sample(nuts_sampler='nutpie') runs: {one_line(second)}{hint(one_line(second))}"
                 ) from second
-        return self.finish(tree, model, dataset, structure, seed, provenance, path, fallback)
+        return tree, path, fallback
 
     def sample(self, model: Any, dataset: Dataset, structure: Structure, *, threads: int,
                provenance: Provenance) -> Any:
-        """Sample one dataset's posterior and wait for it (`sampling`, `start`, `result`); return its DataTree."""
+        """Sample one dataset's posterior and wait for it (`sampling`, `start`, `draws`); return its whole DataTree."""
         sampling = self.sampling(model, dataset, structure)
         self.start(sampling, threads=threads)
-        return self.result(sampling, model, dataset, structure, threads=threads, provenance=provenance)
+        tree, path, fallback = self.draws(sampling, model, dataset, structure, threads=threads)
+        return self.finish(tree, model, dataset, structure, sampling.seed, provenance, path, fallback)
 
     def _nutpie_sample(self, sampler_model: Any, seed: int, threads: int, *, blocking: bool = True) -> Any:
         """nutpie's sample as a DataTree, or with ``blocking=False`` its background sampler

@@ -32,6 +32,9 @@ class Outcome:
     groups: str = ""  # its distinct labels per text column (`format_groups`), once it was loaded
     dropped_where: int | None = None  # the rows the row rules dropped, once it was loaded (`batchfit.data.rows`)
     dropped_missing: int | None = None
+    # a fitted dataset's health thresholds crossed that its sampler's statistics decide (divergences, tree
+    # depth, E-BFMI) and its rows (`batchfit.fitting.sampler_health.sampler_reasons`); R-hat and ESS: collect's
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

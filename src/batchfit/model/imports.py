@@ -37,6 +37,7 @@ Imports made by other means (``importlib.import_module(name)``, ``exec``) are no
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -144,8 +145,26 @@ def _spec_home(spec: importlib.machinery.ModuleSpec) -> Path | None:
 
 def _local_spec(name: str, folder: Path) -> importlib.machinery.ModuleSpec | None:
     """Top-level module or package ``name`` in ``folder`` (not a bare directory)."""
-    spec = importlib.machinery.PathFinder.find_spec(name, [str(folder)])
+    spec = _ask(importlib.machinery.PathFinder, name, [str(folder)])
     return None if spec is None or _is_namespace(spec) else spec
+
+
+def _ask(finder: object, name: str, path: Sequence[str] | None) -> importlib.machinery.ModuleSpec | None:
+    """``finder.find_spec(name, path)``, None when it has none or raises.
+
+    The scan asks every finder on ``sys.meta_path`` about names an import may never reach (``from a
+    import b`` where ``b`` is an attribute; a submodule whose parent is not imported), and a finder of
+    another library may raise on those (importlib's own namespace paths raise ``KeyError`` for a parent
+    missing from ``sys.modules``). Whatever it raises, what it would find is nothing the scan can follow,
+    and an import that needs it fails when the model runs, with Python's own error.
+    """
+    find = getattr(finder, "find_spec", None)
+    if find is None:
+        return None
+    try:
+        return find(name, path)
+    except Exception:  # noqa: BLE001 - another library's finder: see above
+        return None
 
 
 def _spec_elsewhere(name: str, folder: Path) -> importlib.machinery.ModuleSpec | None:
@@ -154,12 +173,9 @@ def _spec_elsewhere(name: str, folder: Path) -> importlib.machinery.ModuleSpec |
     for finder in list(sys.meta_path):
         if finder is _FINDER:
             continue
-        if finder is importlib.machinery.PathFinder:
-            path = [entry for entry in sys.path if not _same_folder(entry, folder)]
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-        else:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, None) if find else None
+        path = [entry for entry in sys.path if not _same_folder(entry, folder)] \
+            if finder is importlib.machinery.PathFinder else None
+        spec = _ask(finder, name, path)
         if spec is not None and _spec_home(spec) != folder:  # a finder of its own may search sys.path
             return spec
     return None
@@ -239,9 +255,15 @@ def scan(path: str | Path) -> ModelImports:
     return ModelImports(dict(sorted(found.items())), shadowed, dict(sorted(files.items())))
 
 
+@functools.cache
 def is_user_file(filename: str | Path) -> bool:
-    """A file no library version pins: not under the installed packages or the standard library."""
-    return not any(str(filename).startswith(root) for root in library_roots())
+    """A file no library version pins: not under the installed packages or the standard library.
+
+    Both sides are compared resolved (`library_roots` is): a process started through a symlinked
+    prefix finds the same files its own as one started through the real one.
+    """
+    real = os.path.realpath(filename)
+    return not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in library_roots())
 
 
 def _imported_names(source: Path, package: str) -> list[str]:
@@ -290,22 +312,18 @@ def _find_spec(name: str, folder: Path) -> importlib.machinery.ModuleSpec | None
     locations, found the same way.
     """
     parent, _, _ = name.rpartition(".")
-    try:
-        if not parent:
-            return _top_level_spec(name, folder)
-        module = sys.modules.get(name)
-        if module is not None and not _from_model_folder(name):
-            return getattr(module, "__spec__", None)
-        parent_spec = _find_spec(parent, folder)
-        if parent_spec is None or parent_spec.submodule_search_locations is None:
-            return None  # a name taken from a module, not a submodule
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, list(parent_spec.submodule_search_locations)) if find else None
-            if spec is not None:
-                return spec
-    except (ImportError, ValueError):  # e.g. a finder refusing the name: nothing to follow
-        return None
+    if not parent:
+        return _top_level_spec(name, folder)
+    module = sys.modules.get(name)
+    if module is not None and not _from_model_folder(name):
+        return getattr(module, "__spec__", None)
+    parent_spec = _find_spec(parent, folder)
+    if parent_spec is None or parent_spec.submodule_search_locations is None:
+        return None  # a name taken from a module, not a submodule
+    for finder in list(sys.meta_path):
+        spec = _ask(finder, name, list(parent_spec.submodule_search_locations))
+        if spec is not None:
+            return spec
     return None
 
 

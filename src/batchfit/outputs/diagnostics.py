@@ -1,5 +1,5 @@
 """ArviZ's convergence diagnostics (ess bulk and tail, rank r_hat, mcse of mean and sd) for many
-elements at once, and its E-BFMI of each chain (`bfmi`).
+elements at once (its E-BFMI of each chain, which a fit job scores too: `batchfit.fitting.sampler_health.bfmi`).
 
 arviz_stats computes these one element at a time: its ``make_ufunc`` loops over elements in Python
 (https://github.com/arviz-devs/arviz/issues/2090), which was most of collect's time on many small
@@ -62,17 +62,6 @@ def mcse_sd(draws: np.ndarray) -> np.ndarray:
         varvar = (_flat(centred**4).mean(axis=-1) - evar**2) / ess
         return np.sqrt(varvar / evar / 4)
     return _masked(draws, 1, mcse)
-
-
-def bfmi(energy: np.ndarray) -> np.ndarray:
-    """E-BFMI of each chain of the sampler's ``energy`` shaped (chain, draw), as arviz_stats' ``bfmi``: the
-    mean squared change of the energy from one draw to the next over the energy's variance (Betancourt
-    2016, https://arxiv.org/abs/1604.00695). NaN for a chain of fewer than two draws or constant energy."""
-    energy = np.atleast_2d(np.asarray(energy, dtype=float))
-    if energy.shape[1] < 2:
-        return np.full(energy.shape[0], np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.square(np.diff(energy, axis=1)).mean(axis=1) / np.var(energy, axis=1, ddof=1)
 
 
 def _masked(draws: np.ndarray, min_chains: int, statistic) -> np.ndarray:

@@ -6,17 +6,13 @@ import logging
 from pathlib import Path
 
 import netCDF4
-import numpy as np
 import xarray as xr
 
 from batchfit.errors import DatasetError
+from batchfit.fitting.sampler_health import sampler_diagnostics
 from batchfit.outputs.combined import (
     decoded_group,
 )
-from batchfit.outputs.diagnostics import bfmi
-
-# The stat that says a draw's trajectory stopped at the maximum tree depth: nutpie's, PyMC's NUTS's.
-MAXDEPTH_STATS = ("maxdepth_reached", "reached_max_treedepth")
 
 log = logging.getLogger("batchfit")
 
@@ -58,21 +54,3 @@ def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, dict[str, f
         return posterior, diagnostics
     except (OSError, ValueError, RuntimeError) as exc:
         raise DatasetError(f"cannot read fit: {exc}", dataset=dataset_id, path=path) from exc
-
-
-def sampler_diagnostics(stats: netCDF4.Group) -> dict[str, float]:
-    """What a fit's ``sample_stats`` say of its sampling, over its kept draws (CmdStan's ``diagnose`` checks):
-
-    * ``divergences``: divergent transitions, all chains together;
-    * ``max_treedepth_fraction``: the share of draws whose trajectory stopped at the maximum tree
-      depth (`MAXDEPTH_STATS`); NaN without one (pm.sample's step methods without NUTS);
-    * ``min_bfmi``: the smallest E-BFMI of a chain (`batchfit.outputs.diagnostics.bfmi` of ``energy``,
-      arviz_stats' ``bfmi``); NaN without ``energy``, or when no chain has one.
-    """
-    divergences = int(np.asarray(stats["diverging"][:]).sum())
-    depth = next((stats[name] for name in MAXDEPTH_STATS if name in stats.variables), None)
-    fraction = float(np.asarray(depth[:], dtype=float).mean()) if depth is not None and depth.size else np.nan
-    per_chain = bfmi(np.asarray(stats["energy"][:], dtype=float)) if "energy" in stats.variables else np.array([])
-    per_chain = per_chain[np.isfinite(per_chain)]
-    return {"divergences": divergences, "max_treedepth_fraction": fraction,
-            "min_bfmi": float(per_chain.min()) if per_chain.size else np.nan}

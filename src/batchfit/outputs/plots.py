@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config, ReportSettings, SummarySettings
 from batchfit.errors import ConfigError
-from batchfit.model.variables import FREE, ROLE_ATTR, select_vars, stack_elements
+from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR, select_vars, stack_elements
 from batchfit.outputs import intervals
 from batchfit.outputs.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chunk_cache, open_presence
 
@@ -155,19 +155,27 @@ def forest_variables(posterior: xr.Dataset, settings: ReportSettings, excluded: 
 
 
 def default_forest_variables(posterior: xr.Dataset) -> list[str]:
-    """The forest plots drawn without `report.var_names`: the scalar free parameters of posteriors.nc.
+    """The forest plots drawn without `report.var_names`: the model's scalar deterministics in posteriors.nc
+    when it has some, else its scalar free parameters.
 
-    A model without a scalar free parameter gets its vector and matrix ones (a row per dataset
-    and element), and one of which posteriors.nc holds no free parameter (``outputs.var_names``
-    or ``summary.var_names`` kept only deterministics) gets its deterministics, scalar ones
-    first in the same way: every sweep with something to draw gets forest plots.
+    Named deterministics (``pm.Deterministic("t_half", ...)``) are the quantities a user defined to read,
+    so they come first. A model without either scalar kind gets its vector and matrix free parameters (a
+    row per dataset and element), and one of which posteriors.nc holds no free parameter
+    (``outputs.var_names`` or ``summary.var_names`` kept only deterministics) its vector deterministics:
+    every sweep with something to draw gets forest plots.
     """
     roles = {str(name): var.attrs.get(ROLE_ATTR, FREE) for name, var in posterior.data_vars.items()}
+
+    def scalars(pool: list[str]) -> list[str]:
+        return [name for name in pool if set(posterior[name].dims) <= {DATASET_DIM, "chain", "draw"}]
+
+    named = scalars([name for name, role in roles.items() if role == DETERMINISTIC])
+    if named:
+        return named
     free = [name for name, role in roles.items() if role == FREE]
     for pool in (free, [name for name in roles if name not in free]):
-        scalars = [name for name in pool if set(posterior[name].dims) <= {DATASET_DIM, "chain", "draw"}]
         if pool:
-            return scalars or pool
+            return scalars(pool) or pool
     return []
 
 

@@ -25,6 +25,7 @@ from batchfit.fitting.batch import after_sampling, fit_batch
 from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import Fitter, prepare
 from batchfit.fitting.provenance import expected_digests
+from batchfit.fitting.refits import refit_batch
 from batchfit.outputs import summary_helpers
 from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
@@ -34,6 +35,7 @@ from batchfit.sweep.plan import batch_id, plan
 from batchfit.sweep.sbc.ranks import SBCResult, rank_simulations
 from batchfit.sweep.sbc.simulate import simulate
 from batchfit.sweep.sbc.sweep import sbc_config
+from batchfit.variants import variant_configs
 
 log = logging.getLogger("batchfit")
 
@@ -147,6 +149,19 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
         if stale:
             raise stale_fits_error(stale, n_fits, config.layout.fit)
         return collect(config, dataset_ids, expected_provenance=expected, workers=helpers, register=register)
+
+
+def run_compare(config: Config, *, threads: int = 1) -> list[Path]:
+    """A sweep of variants compared without Snakemake: the refit plan (`batchfit.sweep.refit_plan`), its
+    pending refits in this process, one batch after another, then comparison.csv and its report page."""
+    from batchfit.outputs.compare import write_comparison  # arviz_stats: only where variants are compared
+    from batchfit.sweep.refit_plan import write_refit_plan
+
+    plan = write_refit_plan(config)
+    configs = variant_configs(config)
+    for batch, refits in plan.batches.items():
+        refit_batch(configs[plan.batch_variant(batch)], refits, batch_id=batch, threads=threads)
+    return write_comparison(config)
 
 
 def run_sbc(config: Config, *, threads: int = 1) -> SBCResult:

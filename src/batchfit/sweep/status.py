@@ -21,6 +21,7 @@ from batchfit.errors import DatasetError
 from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.outcome import failure_reason
 from batchfit.fitting.provenance import expected_digests
+from batchfit.sweep.verdict import fitted_text
 from batchfit.variants import configs_of, one_variant
 
 FITTED, FAILED, PENDING = "fitted", "failed", "pending"
@@ -34,6 +35,7 @@ class SweepStatus:
     estimate: str
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # fitted off the cached path: why -> ids
     reasons: dict[str, str] = field(default_factory=dict)  # failed dataset -> why, without the dataset
+    health: str = ""  # the fitted datasets' health as datasets.csv scores it (`verdict.fitted_text`), or ''
 
     def ids(self, state: str) -> list[str]:
         return [d for d, s in self.states.items() if s == state]
@@ -41,6 +43,8 @@ class SweepStatus:
     def lines(self) -> list[str]:
         counts = {state: len(self.ids(state)) for state in (FITTED, PENDING, FAILED)}
         lines = [f"{len(self.states)} dataset(s): " + ", ".join(f"{n} {state}" for state, n in counts.items())]
+        if self.health:
+            lines.append(self.health)
         failed = self.ids(FAILED)
         if failed:  # one line per distinct reason
             lines += ["failed:", *(f"  {line}" for line in grouped_lines({d: self.reasons.get(d, "") for d in failed}))]
@@ -95,7 +99,22 @@ def sweep_status(config: Config) -> SweepStatus:
     pending = sum(s == PENDING for s in states.values())
     current = [d for d, s in states.items() if s == FITTED]
     reasons = {d: _failure_message(config, d, reason=True) or "" for d, s in states.items() if s == FAILED}
-    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current), reasons)
+    return SweepStatus(states, _estimate(config, pending, current), _fallbacks(config, current), reasons,
+                       _health(config, current))
+
+
+def _health(config: Config, fitted: list[str]) -> str:
+    """The health of the ``fitted`` datasets datasets.csv has scored (those whose fit collect read: written
+    before it), as the run's verdict counts it, and how many it has not scored yet."""
+    collected_ns = _mtime_ns(config.layout.datasets_csv)
+    if collected_ns is None or not fitted:
+        return ""
+    register = FitRegister.current(config.layout)  # each fit's modification time, without a file read per fit
+    collected = {d for d in fitted if (register.fit_stamp(d) or (0, 0))[1] <= collected_ns}
+    scored = fitted_text(config.layout.datasets_csv, collected)
+    later = len(fitted) - len(collected)
+    return "; ".join(filter(None, [f"{scored} ({config.layout.datasets_csv})" if scored else "",
+                                   f"{later} fitted since collect last ran, not scored yet" if later else ""]))
 
 
 def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:

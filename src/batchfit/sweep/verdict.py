@@ -1,9 +1,11 @@
-"""The run's verdict: which datasets failed, grouped by reason, printed as a run's last lines.
+"""The run's verdict: how many datasets were fitted, how healthy, which failed, grouped by reason.
 
-The status rule writes it (`write_verdict`) and the workflow's onsuccess prints it (`end_of_run`).
-Both run at the end of every sweep, so this module imports only what reading the failure records
-needs, not the fit and compile stages of `batchfit.sweep.stages`, whose imports would add to every
-sweep's end (`benchmarks/sweep.py` prints the status rule's time; the figures are in
+The status rule writes it (`write_verdict`) and the workflow's onsuccess and onerror print it as the
+run's last lines (`end_of_run`): ``batchfit: 12 fitted: 8 ok, 4 warning (4 divergences > 0); ...``,
+the health counts datasets.csv's (`fitted_text`), which ``batchfit status`` shows too. Both run at
+the end of every sweep, so this module imports only what reading datasets.csv and the failure
+records needs, not the fit and compile stages of `batchfit.sweep.stages`, whose imports would add to
+every sweep's end (`benchmarks/sweep.py` prints the status rule's time; the figures are in
 benchmarks/HISTORY.md).
 """
 
@@ -12,12 +14,17 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
+from collections.abc import Collection
+from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
 from batchfit.common.grouping import grouped_lines
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.fitting.outcome import failure_reason
+from batchfit.fitting.sampler_health import threshold_of
+
+OK, WARNING = "ok", "warning"  # datasets.csv's statuses of a fitted dataset
 
 
 def failure_report(config: Config) -> str | None:
@@ -34,34 +41,57 @@ def failure_report(config: Config) -> str | None:
     if not reasons:
         return None
     groups = grouped_lines(reasons)
+    fitted = fitted_text(config.layout.datasets_csv)
     return "\n".join([
-        f"batchfit: {len(reasons)} of {len(datasets)} dataset(s) failed{_fitted_counts(config)}, for "
-        f"{len(groups)} reason(s):",
+        f"batchfit: {_variant(config)}{len(reasons)} of {len(datasets)} dataset(s) failed"
+        f"{f' ({fitted})' if fitted else ''}, for {len(groups)} reason(s):",
         *(f"  {line}" for line in groups),
         f"batchfit: each failure, with the model's lines where its code failed: {config.layout.failures_csv}; "
         f"one dataset: batchfit status --config {config.source} --dataset {next(iter(reasons))}",
     ])
 
 
-def _fitted_counts(config: Config) -> str:
-    """`` (18 fitted: 15 ok, 3 warning)`` from datasets.csv, '' without one (before collect)."""
+def fitted_text(datasets_csv: Path, ids: Collection[str] | None = None) -> str:
+    """The fitted datasets of a datasets.csv (those of ``ids`` only, when given) by health, each warning
+    counted under the thresholds it crossed: ``12 fitted: 8 ok, 4 warning (4 divergences > 0)``; '' without
+    a datasets.csv (before collect) or a fitted dataset in it."""
+    statuses: Counter[str] = Counter()
+    crossed: Counter[str] = Counter()
     try:
-        with open(config.layout.datasets_csv, newline="") as file:
-            statuses = Counter(row["status"] for row in csv.DictReader(file))
+        with open(datasets_csv, newline="") as file:
+            for row in csv.DictReader(file):
+                if ids is not None and row["dataset"] not in ids:
+                    continue
+                statuses[row["status"]] += 1
+                if row["status"] == WARNING:
+                    reasons = row["message"].split("; ")
+                    crossed.update(list(dict.fromkeys(threshold_of(reason) for reason in reasons if reason)))
     except (OSError, KeyError, csv.Error):
         return ""
-    fitted = statuses["ok"] + statuses["warning"]
-    return f" ({fitted} fitted: {statuses['ok']} ok, {statuses['warning']} warning)" if fitted else ""
+    fitted = statuses[OK] + statuses[WARNING]
+    if not fitted:
+        return ""
+    thresholds = ", ".join(f"{n} {threshold}" for threshold, n in crossed.most_common())
+    return (f"{fitted} fitted: {statuses[OK]} ok, {statuses[WARNING]} warning"
+            + (f" ({thresholds})" if thresholds else ""))
 
 
-_OK = "ok: "  # how a verdict without failures starts
+def _variant(config: Config) -> str:
+    return f"variant {config.variant}: " if config.variant else ""
+
+
+_OK = "ok: "  # how a verdict without failures starts in status.txt (not printed)
+# A verdict written up to this long before a run started counts as the run's: filesystems keep
+# modification times to a second or two.
+_CLOCK_SLACK_SECONDS = 2.0
 
 
 def write_verdict(config: Config) -> str | None:
-    """The status rule: write the run's verdict (`failure_report`, or that every dataset was fitted) for
-    `end_of_run`; return the failure report, None when nothing failed."""
+    """The status rule: write the run's verdict (`failure_report`, or how many datasets were fitted and how
+    healthy) for `end_of_run`; return the failure report, None when nothing failed."""
     report = failure_report(config)
-    text = report if report else f"{_OK}batchfit: every dataset was fitted ({config.layout.datasets_csv})"
+    fitted = fitted_text(config.layout.datasets_csv) or "0 fitted"
+    text = report or f"{_OK}batchfit: {_variant(config)}{fitted}; each dataset's health: {config.layout.datasets_csv}"
     with atomic_path(config.layout.status_verdict) as tmp:
         tmp.write_text(text + "\n")
     return report
@@ -89,21 +119,29 @@ def write_prediction_verdict(config: Config) -> str | None:
     return report
 
 
-def end_of_run(config: Config) -> tuple[int, str]:
-    """The exit status and last lines of a Snakemake run (its ``onsuccess``): 1 and the failure report when
-    the status rule found failed datasets (or collect_predictions failed predictions), else 0 and nothing.
+def end_of_run(config: Config, *, since: float | None = None) -> tuple[int, str]:
+    """The exit status and last lines of a Snakemake run (its ``onsuccess`` and ``onerror``): the verdicts the
+    predictions' collect and the status rule wrote (the sweep's last), with 1 when either found failures, else
+    0; 0 and nothing without a verdict, or with one written before ``since`` (the run's start, seconds since
+    the epoch: an earlier run's, as when this run's target was ``snakemake sbc`` or a report).
 
     The status rule itself never fails: a failed rule's traceback made a finished sweep look like a
-    crash. Its verdict is removed once reported, so that the next run checks again rather than report
-    an old verdict (and a run of another target, such as ``snakemake sbc``, finds none).
+    crash. A failure verdict is removed once reported, so that the next run checks again rather than
+    report an old verdict.
     """
-    reports = []
-    for path in (config.layout.status_verdict, config.layout.prediction_verdict):
+    status, lines = 0, []
+    for path in (config.layout.prediction_verdict, config.layout.status_verdict):
         try:
+            written = path.stat().st_mtime
             text = path.read_text()
         except OSError:
             continue
-        if not text.startswith(_OK):
+        if since is not None and written < since - _CLOCK_SLACK_SECONDS:
+            continue
+        if text.startswith(_OK):
+            lines.append(text.removeprefix(_OK).rstrip("\n"))
+        else:
             path.unlink(missing_ok=True)
-            reports.append(text.rstrip("\n"))
-    return (1, "\n".join(reports)) if reports else (0, "")
+            status = 1
+            lines.append(text.rstrip("\n"))
+    return status, "\n".join(lines)
