@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from testkit import HIERARCHICAL, table
 
 # A fresh process: PyTensor reads its compile directory (the cache's) when imported.
@@ -51,10 +52,37 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_walk_compiles_what_the_log_densitys_compile_then_loads(tmp_path):
+# Values in other layouts than C: the transposed design matrix of the gradient (F), the slopes' column
+# views (any), the reductions a fused elemwise node returns squeezed: their node functions are typed as
+# the graph's function passes them only if the walk learns those layouts (`ArgumentTypes`).
+DESIGN_MATRIX = textwrap.dedent("""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+
+    def build_model(data):
+        with pm.Model(coords={"groups": data.coords["group"]}) as model:
+            x = pm.Data("x", data["x"])
+            group = pm.Data("group", data["group"])
+            y = pm.Data("y", data["y"])
+            X = pt.stack([x, x**2], axis=1)
+            beta = pm.Normal("beta", 0.0, 1.0, shape=2)
+            slopes = pm.Normal("slopes", 0.0, 1.0, shape=(2, 2))
+            a = pm.Normal("a", 0.0, 1.0, dims="groups")
+            mu = a[group] + X @ beta + (X @ slopes.T)[:, 0] * (X @ slopes)[:, 1]
+            pm.Normal("y_obs", mu, pm.HalfNormal("sigma", 1.0), observed=y, shape=x.shape)
+        return model
+""")
+
+
+@pytest.mark.parametrize("model", ["hierarchical", "design-matrix"])
+def test_the_walk_compiles_what_the_log_densitys_compile_then_loads(tmp_path, model):
     data = tmp_path / "d.csv"
     table(1, 40, 4).to_csv(data, index=False)
-    run = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "cache"), str(HIERARCHICAL), str(data)],
+    model_file = HIERARCHICAL if model == "hierarchical" else tmp_path / "model.py"
+    if model != "hierarchical":
+        model_file.write_text(DESIGN_MATRIX)
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "cache"), str(model_file), str(data)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
