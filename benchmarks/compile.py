@@ -23,7 +23,8 @@ then the set's median ratio and the worst, and the load average before and after
 benchmarks/results/compile/compile.csv with its CPU time (the whole process tree's, from
 ``getrusage(RUSAGE_CHILDREN)``) and the load average when it started. The "cpu ratio" column is
 batchfit's CPU over nutpie's: less sensitive to other work on the machine than the walls, but
-batchfit's two workers spend more CPU than they save wall, so it is no goal.
+batchfit's two workers spend more CPU than they save wall, so it is no goal. The parts end with each
+compile worker's CPU seconds over its stages (``cpu_logp``, ``cpu_rest``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 
 # batchfit's log lines this benchmark reads the parts from (batchfit.compile.entry._StageClock,
 # batchfit.cache.store's miss line, batchfit.sweep.stages.measure_fit)
-STAGE = re.compile(r"compile worker \((\w+)\): INFO compile \w+: (.+) in ([\d.]+) s")
+STAGE = re.compile(r"compile worker \((\w+)\): INFO compile \w+: (.+?) in ([\d.]+) s(?: \(CPU ([\d.]+) s\))?$", re.M)
 COMPILED = re.compile(r"cache miss \w+: compiled in ([\d.]+) s")
 REFERENCE_FIT = re.compile(r"reference fit of .+ in ([\d.]+) s")
 # the second worker's walk back (batchfit.compile.ahead), whose line starts with how many node functions it compiled
@@ -83,12 +84,15 @@ def children_cpu() -> float:
 
 
 def batchfit_parts(stderr: str) -> dict[str, float]:
-    """The compile job's parts from its log (a part two workers both ran: the longer)."""
+    """The compile job's parts from its log (a part two workers both ran: the longer), and each worker's
+    CPU seconds over its stages (``cpu_logp``, ``cpu_rest``: the longer is the compile's length on two
+    otherwise idle cores, whatever else the machine ran)."""
     parts: dict[str, float] = {}
-    for _worker, stage, seconds in STAGE.findall(stderr):
+    for worker, stage, seconds, cpu in STAGE.findall(stderr):
         name = ("graphs" if stage.startswith("PyTensor functions") else "walk_back" if WALK_BACK.fullmatch(stage)
                 else PARTS.get(stage, stage))
         parts[name] = max(parts.get(name, 0.0), float(seconds))
+        parts[f"cpu_{worker}"] = parts.get(f"cpu_{worker}", 0.0) + float(cpu or "nan")
     for pattern, name in ((COMPILED, "compile"), (REFERENCE_FIT, "reference_fit")):
         found = pattern.search(stderr)
         parts[name] = float(found.group(1)) if found else float("nan")
@@ -163,7 +167,7 @@ def main() -> None:
         return median(row.get(key, float("nan")) for row in rows if row["model"] == name and row["side"] == side)
 
     parts = ("graphs", "walk_back", "numba_logp", "numba_expand", "per_process", "outputs", "compile",
-             "reference_fit")
+             "reference_fit", "cpu_logp", "cpu_rest")
     for which in chosen:
         ratios = {}
         print(f"\n{which} models\n{'model':40s} {'batchfit':>8s} {'nutpie':>7s} {'ratio':>6s} {'cpu ratio':>9s}"

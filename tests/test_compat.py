@@ -51,6 +51,26 @@ def test_numba_cache_locator_and_cfunc_internals():
     assert hasattr(caching.FunctionCache, "_load_overload"), "numba FunctionCache._load_overload is gone"
 
 
+def test_numba_cache_lookup_and_save_around_a_compile():
+    """What `compiling_once` wraps: a dispatcher's compile looks for an entry (``Cache.load_overload``)
+    before compiling and writes it (``Cache.save_overload``) after, both keyed as ``_index_key`` keys."""
+    from numba.core import caching, dispatcher
+
+    compile_source = inspect.getsource(dispatcher.Dispatcher.compile)
+    assert "self._cache.load_overload(sig, self.targetctx)" in compile_source, \
+        "numba Dispatcher.compile no longer looks its entry up with Cache.load_overload"
+    assert "self._cache.save_overload(sig, cres)" in compile_source, \
+        "numba Dispatcher.compile no longer writes its entry with Cache.save_overload"
+    assert inspect.signature(caching.Cache.load_overload).parameters.keys() == {"self", "sig", "target_context"}
+    assert inspect.signature(caching.Cache.save_overload).parameters.keys() == {"self", "sig", "data"}
+    assert inspect.signature(caching.Cache._index_key).parameters.keys() == {"self", "sig", "codegen"}
+    cache_source = inspect.getsource(caching.Cache.__init__)
+    for attribute in ("self._py_func", "self._cache_path", "self._cache_file"):
+        assert attribute in cache_source, f"numba Cache lost {attribute}"
+    assert "self._index_name" in inspect.getsource(caching.IndexDataCacheFile.__init__), \
+        "numba IndexDataCacheFile._index_name is gone"
+
+
 def test_nutpie_compiled_model_fields():
     from nutpie.compile_pymc import CompiledPyMCModel
 

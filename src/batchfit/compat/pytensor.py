@@ -128,6 +128,13 @@ def cache_key_of(function: Any) -> str | None:
     return CACHED_SRC_FUNCTIONS.get(function.py_func)
 
 
+def cached_by_pytensor(py_func: Any) -> bool:
+    """Whether ``py_func`` is a function PyTensor generated and caches (`cache_key_of`): a node's."""
+    from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS
+
+    return py_func in CACHED_SRC_FUNCTIONS
+
+
 @contextlib.contextmanager
 def cache_keys_compiled() -> Iterator[set[str]]:
     """The cache keys (`cache_key_of`) of the functions numba compiles in this process inside the
