@@ -17,8 +17,10 @@ caches, as a new user meets it:
 * nutpie: a fresh process running ``nutpie.compile_pymc_model(build_model(...))`` on the same model
   and dataset, with a fresh PyTensor ``compiledir`` (its numba cache lives there).
 
-The two alternate (batchfit first in even runs, nutpie first in odd ones), so machine noise hits both
-alike. Prints a table per set, a row per model (medians over the runs) with the ratio of process walls,
+The sides take turns (each run starts with the next one), so machine noise hits them alike. With
+``--baseline SRC`` (the ``src`` directory of a checkout of an older commit) that batchfit's compile
+job is a third side: before and after a change, side by side ("b/base": batchfit over baseline).
+Prints a table per set, a row per model (medians over the runs) with the ratio of process walls,
 then the set's median ratio and the worst, and the load average before and after; every run goes to
 benchmarks/results/compile/compile.csv with its CPU time (the whole process tree's, from
 ``getrusage(RUSAGE_CHILDREN)``) and the load average when it started. The "cpu ratio" column is
@@ -105,6 +107,8 @@ def main() -> None:
     parser.add_argument("--set", choices=("corpus", "heldout", "both"), default="both", dest="which",
                         help="which models: the parity corpus, the held-out models, or both (default)")
     parser.add_argument("--models", nargs="*", help="case names (default: every model of the set)")
+    parser.add_argument("--baseline", help="another batchfit's src directory (a checkout of an older commit): its "
+                                           "compile job runs too, in turn with the others, as the 'baseline' side")
     parser.add_argument("--nutpie-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.nutpie_child:
@@ -130,13 +134,17 @@ def main() -> None:
     configs = {name: parity_corpus.write_case(sets[members[name]][name], out / "cases", out / "unused-cache")
                for name in names}
 
-    def batchfit(name: str, run: int) -> dict:
+    def batchfit(name: str, run: int, src: str | None = None) -> dict:
+        side = "baseline" if src else "batchfit"
         config = yaml.safe_load(configs[name].read_text())
-        config["cache_dir"] = str(fresh_dir(out / "caches" / f"{name}-{run}"))
-        path = configs[name].with_name(f"config-{run}.yaml")
+        config["cache_dir"] = str(fresh_dir(out / "caches" / f"{name}-{run}-{side}"))
+        path = configs[name].with_name(f"config-{run}-{side}.yaml")
         path.write_text(yaml.safe_dump(config))
+        env = child_env()
+        if src:  # the older batchfit first on the path, for the job and its workers
+            env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
         r = run_tracked([sys.executable, "-m", "batchfit.cli", "compile", "--config", str(path), "--threads", "2"],
-                        env=child_env(), cwd=path.parent).check()
+                        env=env, cwd=path.parent).check()
         return {"wall_s": r.wall, **batchfit_parts(r.stderr)}
 
     def nutpie(name: str, run: int) -> dict:
@@ -149,7 +157,9 @@ def main() -> None:
     for run in range(args.runs):
         for name in names:
             sides = [("batchfit", batchfit), ("nutpie", nutpie)]
-            for side, measure in sides if run % 2 == 0 else sides[::-1]:
+            if args.baseline:
+                sides.insert(1, ("baseline", lambda name, run: batchfit(name, run, args.baseline)))
+            for side, measure in sides[run % len(sides):] + sides[:run % len(sides)]:
                 load, cpu = os.getloadavg()[0], children_cpu()
                 measured = measure(name, run)
                 rows.append({"model": name, "run": run, "side": side, "load_1min": load,
@@ -170,7 +180,8 @@ def main() -> None:
              "reference_fit", "cpu_logp", "cpu_rest")
     for which in chosen:
         ratios = {}
-        print(f"\n{which} models\n{'model':40s} {'batchfit':>8s} {'nutpie':>7s} {'ratio':>6s} {'cpu ratio':>9s}"
+        before = f" {'baseline':>8s} {'b/base':>6s}" if args.baseline else ""
+        print(f"\n{which} models\n{'model':40s} {'batchfit':>8s} {'nutpie':>7s} {'ratio':>6s} {'cpu ratio':>9s}{before}"
               "   batchfit parts (s): " + " ".join(parts) + " other")
         for name in (name for name in names if members[name] == which):
             bf, nu = med(name, "batchfit", "wall_s"), med(name, "nutpie", "wall_s")
@@ -178,7 +189,9 @@ def main() -> None:
             cpu_ratio = med(name, "batchfit", "cpu_s") / med(name, "nutpie", "cpu_s")
             values = [med(name, "batchfit", p) for p in parts]
             other = bf - values[parts.index("compile")] - values[parts.index("reference_fit")]
-            print(f"{name:40s} {bf:8.1f} {nu:7.1f} {ratios[name]:6.2f} {cpu_ratio:9.2f}   "
+            base = med(name, "baseline", "wall_s")
+            before = f" {base:8.1f} {bf / base:6.2f}" if args.baseline else ""
+            print(f"{name:40s} {bf:8.1f} {nu:7.1f} {ratios[name]:6.2f} {cpu_ratio:9.2f}{before}   "
                   + " ".join(f"{v:.1f}" for v in values) + f" {other:.1f}")
         if ratios:
             worst = max(ratios, key=ratios.get)
