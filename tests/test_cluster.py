@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from testkit import HIERARCHICAL as MODEL
-from testkit import manifests, snakemake, sweep_settings, write_config
+from testkit import REPO, manifests, snakemake, sweep_settings, write_config
 
 from batchfit.config import config_from_dict
 from batchfit.sweep.resources import fit_resources
@@ -134,3 +134,28 @@ def test_cpu_target_cannot_change_once_numba_is_loaded():
 
     with pytest.raises(BatchfitError, match="cache.cpu_target 'generic' .* must be set before numba is loaded"):
         apply_cpu_target("generic", "sweep.yaml")
+
+
+def test_the_compile_stage_times_a_short_fit_which_the_resources_scale_to_the_sweep(tmp_path, hierarchical_entry):
+    """The compile job's measured fit is at most REFERENCE_ITERATIONS warm-up and draws per chain: short
+    beside the sweep's own fits, which wait for it; a fit job's time is scaled from it to the sweep's."""
+    from batchfit.sweep.stages import REFERENCE_ITERATIONS, run_compile
+
+    def measured(sampler: dict) -> tuple[dict, Path]:
+        config = config_from_dict({"model": str(MODEL), "datasets": [str(REPO / "data" / "example" / "*.csv")],
+                                   "columns": {"group": {"scope": "dataset"}}, "cache_dir": str(hierarchical_entry),
+                                   "results_dir": str(tmp_path / "results"), "sampler": sampler})
+        stamp = tmp_path / "stamp.json"
+        stamp.write_text(json.dumps(run_compile(config)))
+        return config, stamp
+
+    config, stamp = measured({"draws": 1000, "tune": 1000, "chains": 2, "seed": 1})
+    fit = json.loads(stamp.read_text())["reference_fit"]
+    assert (fit["draws"], fit["chains"]) == (2 * REFERENCE_ITERATIONS, 2), fit
+    assert fit["seconds"] > 0 and fit["peak_rss_mb"] > 0
+    # a dataset's time, in the runtime of a job of 100: ten times the measured iterations, with the margin
+    runtime = fit_resources(config.sampler, 100, stamp)["runtime"]
+    assert runtime * 60 >= 100 * fit["seconds"] * (2000 / (2 * REFERENCE_ITERATIONS))
+    # a sweep with fewer iterations than that is measured with its own
+    _, stamp = measured({"draws": 40, "tune": 30, "chains": 2, "seed": 1})
+    assert json.loads(stamp.read_text())["reference_fit"]["draws"] == 70

@@ -51,6 +51,26 @@ def test_numba_cache_locator_and_cfunc_internals():
     assert hasattr(caching.FunctionCache, "_load_overload"), "numba FunctionCache._load_overload is gone"
 
 
+def test_numba_cache_lookup_and_save_around_a_compile():
+    """What `compiling_once` wraps: a dispatcher's compile looks for an entry (``Cache.load_overload``)
+    before compiling and writes it (``Cache.save_overload``) after, both keyed as ``_index_key`` keys."""
+    from numba.core import caching, dispatcher
+
+    compile_source = inspect.getsource(dispatcher.Dispatcher.compile)
+    assert "self._cache.load_overload(sig, self.targetctx)" in compile_source, \
+        "numba Dispatcher.compile no longer looks its entry up with Cache.load_overload"
+    assert "self._cache.save_overload(sig, cres)" in compile_source, \
+        "numba Dispatcher.compile no longer writes its entry with Cache.save_overload"
+    assert inspect.signature(caching.Cache.load_overload).parameters.keys() == {"self", "sig", "target_context"}
+    assert inspect.signature(caching.Cache.save_overload).parameters.keys() == {"self", "sig", "data"}
+    assert inspect.signature(caching.Cache._index_key).parameters.keys() == {"self", "sig", "codegen"}
+    cache_source = inspect.getsource(caching.Cache.__init__)
+    for attribute in ("self._py_func", "self._cache_path", "self._cache_file"):
+        assert attribute in cache_source, f"numba Cache lost {attribute}"
+    assert "self._index_name" in inspect.getsource(caching.IndexDataCacheFile.__init__), \
+        "numba IndexDataCacheFile._index_name is gone"
+
+
 def test_nutpie_compiled_model_fields():
     from nutpie.compile_pymc import CompiledPyMCModel
 
@@ -337,22 +357,31 @@ rule all:
 
 
 def test_pytensor_numba_linker_wraps_the_graph_function_and_keys_node_functions():
+    import numba
     import pytensor
     import pytensor.tensor as pt
 
-    from batchfit.compat.pytensor import graph_function, node_function
+    from batchfit.compat.pytensor import ArgumentTypes, cache_key_of, cache_keys_compiled, graph_function, result_type
 
     x = pt.dvector("x")
-    fn = pytensor.function([x], pt.exp(x).sum(), mode="NUMBA")
+    # a constant no other test's graph has: its node functions are not in the session's PyTensor cache yet
+    fn = pytensor.function([x], pt.exp(x * 0.7310585786).sum(), mode="NUMBA")
     jit_fn = fn.vm.jit_fn
     inner = graph_function(jit_fn)
     assert inner is not jit_fn, "PyTensor's final function no longer calls its graph's function as jitable_func"
     assert inner.py_func.__name__ == "numba_funcified_fgraph", "jitable_func is no longer the graph's function"
-    found = [node_function(node) for node in fn.maker.fgraph.toposort()]
-    assert found and all(f is not None and isinstance(f[1], str) for f in found), \
+    types = ArgumentTypes()
+    found = [types.function(node) for node in fn.maker.fgraph.toposort()]
+    assert found and all(isinstance(key, str) for _, key in found), \
         "pytensor's numba_funcify_ensure_cache no longer returns (dispatcher, cache key) for these nodes"
-    assert hasattr(found[0][0], "get_call_template") and hasattr(found[0][0].stats, "cache_hits"), \
+    function = found[0][0]
+    assert hasattr(function, "get_call_template") and hasattr(function.stats, "cache_hits"), \
         "numba Dispatcher.get_call_template or Dispatcher.stats.cache_hits is gone"
+    assert cache_key_of(function), "pytensor.link.numba.cache.CACHED_SRC_FUNCTIONS no longer registers node functions"
+    with cache_keys_compiled() as compiled:
+        returned = result_type(function, types.of(fn.maker.fgraph.toposort()[0]))
+    assert isinstance(returned, numba.types.Type), "numba Dispatcher.overloads no longer holds compile results"
+    assert cache_key_of(function) in compiled, "numba's compile events no longer name the dispatcher compiled"
 
 
 def test_pytensor_numba_dispatchers_resolve_an_op_without_numba_implementation_to_their_base_case():

@@ -1,12 +1,14 @@
 """A real SLURM: the README's cluster command on a single-node slurmctld + slurmd on loopback.
 
 The fixture installs Debian's SLURM and munge (apt-get, as root), starts the daemons it needs and
-stops exactly those by PID. Locally it skips when it cannot (not root, no apt-get); in CI
+stops exactly those by PID. Locally it skips when it cannot (not root, no apt-get, no SLURM
+executor plugin: ``./setup.sh --slurm`` installs it); in CI
 (``CI=true``) it fails instead, so a cluster test never silently stops running.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -134,6 +136,8 @@ def slurm() -> Iterator[None]:
     """A single-node SLURM on loopback, for this module; its daemons stopped by PID afterwards."""
     if os.geteuid() != 0:
         unavailable("starting SLURM needs root")
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        unavailable("Snakemake's SLURM executor plugin is not installed (./setup.sh --slurm)")
     if any(pid_from(p) for p in PID_FILES.values()):
         unavailable("a SLURM is already running on this machine")
     install()

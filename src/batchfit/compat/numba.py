@@ -1,10 +1,14 @@
-"""numba: caching functions generated from source, and loading a cached cfunc without the compiler."""
+"""numba: caching functions generated from source, loading a cached cfunc without the compiler, and
+compiling a cached function once between two processes."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -91,3 +95,104 @@ def is_numba_cache_reader(function: str, filename: str) -> bool:
     exception type, so a failure in these frames means a damaged file, not a bug.
     """
     return function in ("_load_index", "_load_data") and filename.endswith(os.path.join("numba", "core", "caching.py"))
+
+
+_CLAIM_POLL_SECONDS = 0.02
+
+
+@contextlib.contextmanager
+def compiling_once(claims: Path, shared: Callable[[Callable], bool]) -> Iterator[None]:
+    """Within the block, a function numba compiles into its disk cache (one ``shared`` says yes to,
+    given its Python function) that another process using the same ``claims`` directory is compiling
+    for the same types is not compiled again: this process waits for that compile's cache entry and
+    loads it.
+
+    Two processes that compile parts of one graph (`batchfit.compile.workers`) often reach the same
+    node function at once; each would compile it, on the same two cores. Before compiling, a
+    process claims the entry (a file in ``claims``, created exclusively, holding its PID): numba
+    0.68's ``Cache.load_overload`` is where a dispatcher looks for an entry before compiling
+    (``Dispatcher.compile``), and ``Cache.save_overload`` writes it after; the claim goes when the
+    entry is written, when the compile fails, or when its process has died. Both methods (and
+    ``Dispatcher.compile``, to see a compile fail) are wrapped for the block.
+    """
+    from numba.core.caching import Cache
+    from numba.core.dispatcher import Dispatcher
+
+    claims.mkdir(parents=True, exist_ok=True)
+    held: dict[Path, int] = {}  # this process's claims -> id of the cache compiling it
+    load, save, compile_ = Cache.load_overload, Cache.save_overload, Dispatcher.compile
+
+    def claim_of(cache: Any, sig: Any, codegen: Any) -> Path:
+        entry = repr((cache._cache_path, cache._cache_file._index_name, cache._index_key(sig, codegen)))
+        return claims / hashlib.sha256(entry.encode()).hexdigest()[:32]
+
+    def load_once(self: Any, sig: Any, target_context: Any) -> Any:
+        found = load(self, sig, target_context)
+        if found is not None or not shared(self._py_func):
+            return found
+        claim = claim_of(self, sig, target_context.codegen())
+        while claim not in held:
+            try:
+                with open(claim, "x") as f:
+                    f.write(str(os.getpid()))
+            except FileExistsError:
+                _wait_while_claimed(claim)
+                found = load(self, sig, target_context)
+                if found is not None:
+                    return found
+                continue  # its compile failed: this process compiles it
+            held[claim] = id(self)
+        return None
+
+    def save_once(self: Any, sig: Any, data: Any) -> None:
+        try:
+            save(self, sig, data)
+        finally:
+            claim = claim_of(self, sig, data.codegen)
+            if held.pop(claim, None) is not None:
+                claim.unlink(missing_ok=True)
+
+    def compile_once(self: Any, sig: Any) -> Any:
+        try:
+            return compile_(self, sig)
+        except BaseException:
+            cache = id(getattr(self, "_cache", None))
+            for claim in [claim for claim, owner in held.items() if owner == cache]:
+                del held[claim]
+                claim.unlink(missing_ok=True)
+            raise
+
+    Cache.load_overload, Cache.save_overload, Dispatcher.compile = load_once, save_once, compile_once
+    try:
+        yield
+    finally:
+        Cache.load_overload, Cache.save_overload, Dispatcher.compile = load, save, compile_
+        for claim in held:
+            claim.unlink(missing_ok=True)
+
+
+def _wait_while_claimed(claim: Path) -> None:
+    """Wait until ``claim`` is gone, or its process (another one) has died, whose claim it removes."""
+    while True:
+        try:
+            pid = int(claim.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            if not claim.exists():
+                return
+            pid = 0  # being written: its process is alive
+        if pid == os.getpid():
+            raise RuntimeError(f"this process waits for its own compile ({claim})")
+        if pid and not _alive(pid):
+            claim.unlink(missing_ok=True)
+            return
+        time.sleep(_CLAIM_POLL_SECONDS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

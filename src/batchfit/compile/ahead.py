@@ -12,9 +12,10 @@ the node it is compiling. The other worker's own callback comes after the walk, 
 density's worker's last step (the graph's function and callback, which no walk can take).
 
 The argument types must be the ones the graph's function passes, or the entry is not the one it
-loads (numba keys its cache by them): its inputs are C-contiguous arrays (what the callbacks pass,
-`batchfit.compile.callbacks`), a constant a read-only global, a node's result C-contiguous but
-for views (`batchfit.compat.pytensor.input_type`). Where numba types one otherwise, that node is
+loads (numba keys its cache by them), and a node function compiled for other types is work lost
+beside the log density's worker, on a machine with two cores: `batchfit.compat.pytensor.ArgumentTypes`
+finds them as numba will, compiling the views a node reads to learn their layouts (C, F or any),
+which the log density's worker then loads too. Where numba still types one otherwise, that node is
 compiled twice, never wrongly.
 """
 
@@ -24,43 +25,42 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from batchfit.compat.pytensor import compile_or_load, input_type, node_function
+from batchfit.compat.pytensor import ArgumentTypes, cache_key_of, cache_keys_compiled, compile_or_load
 
 log = logging.getLogger("batchfit")
 
 
 def compile_back_to_meet(fgraph: Any, other_done: Callable[[], bool]) -> int:
     """Compile the functions of ``fgraph``'s nodes from the last one back into PyTensor's numba cache,
-    until one is found there that only the other worker can have written; return how many were compiled.
+    until one is found there that only the other worker can have written; return how many node
+    functions this compiled (some before the node that reads them, `ArgumentTypes`).
 
-    This process must have compiled nothing before (a hit on a node function it wrote would pass
-    for the other worker's). A node whose key an earlier node of ``fgraph`` shares (PyTensor keys
-    a node by its op) may be in the cache by the other worker's compile of that earlier node,
-    before it got anywhere near: a hit there says nothing, and the walk goes on.
-    ``other_done``: whether the other worker has finished, checked before each node (where numba
-    typed a node otherwise, no hit ever comes: the walk must not outlast the other worker).
+    A hit on a function this process compiled (as a node's or inside another's compile) says
+    nothing, nor does one on a node whose key an earlier node of ``fgraph`` shares (PyTensor keys a
+    node by its op): the other worker's compile of that earlier node wrote it, before it got anywhere
+    near. ``other_done``: whether the other worker has finished, checked before each node (where
+    numba typed a node otherwise, no hit ever comes: the walk must not outlast the other worker).
     """
     from numba.core.errors import NumbaError
 
-    own: set[str] = set()
-    order = [(node, found) for node in fgraph.toposort() if (found := node_function(node)) is not None]
-    first = {}
-    for position, (_, (_, key)) in enumerate(order):
-        first.setdefault(key, position)
-    compiled = 0
-    for position in reversed(range(len(order))):
-        if other_done():
-            break
-        node, (function, key) = order[position]
-        try:
-            loaded = compile_or_load(function, tuple(input_type(v) for v in node.inputs))
-        except NumbaError as exc:
-            # Types numba cannot take, or a node numba cannot compile at all: either way the log
-            # density's own compile judges (`batchfit.compile.entry.numba_failure_of_the_model`).
-            log.debug("compiling %s ahead failed: %s", node, exc)
-            continue
-        if loaded and key not in own and first[key] == position:
-            break  # the log density's worker got here
-        own.add(key)
-        compiled += not loaded
-    return compiled
+    types = ArgumentTypes()
+    order = [(node, function) for node in fgraph.toposort() if cache_key_of(function := types.function(node)[0])]
+    first: dict[str, int] = {}
+    for position, (_, function) in enumerate(order):
+        first.setdefault(cache_key_of(function), position)
+    with cache_keys_compiled() as own:
+        for position in reversed(range(len(order))):
+            if other_done():
+                break
+            node, function = order[position]
+            key = cache_key_of(function)
+            try:
+                loaded = compile_or_load(function, types.of(node))  # the views it reads first, to know their types
+            except NumbaError as exc:
+                # Types numba cannot take, or a node numba cannot compile at all: either way the log
+                # density's own compile judges (`batchfit.compile.entry.numba_failure_of_the_model`).
+                log.debug("compiling %s ahead failed: %s", node, exc)
+                continue
+            if loaded and key not in own and first[key] == position:
+                break  # the log density's worker got here
+    return len(own & first.keys())

@@ -23,7 +23,10 @@ class ExtraGroups:
     """Compute the ``log_likelihood``, ``log_prior`` and ``posterior_predictive`` groups the config asks for."""
 
     def __init__(self, template: Any, outputs: OutputSettings):
-        import batchfit.compile.kernels  # noqa: F401 - the same numba implementations as the compile worker
+        if outputs.log_likelihood or outputs.posterior_predictive or outputs.sensitivity:
+            # The same numba implementations as the compile worker's; only then: a fit job that
+            # computes none of these groups spares their import (SciPy's splines, PyTensor's linear algebra).
+            import batchfit.compile.kernels  # noqa: F401
 
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None

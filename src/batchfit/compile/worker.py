@@ -9,6 +9,7 @@ module imports neither at its top.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,8 @@ from pathlib import Path
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import open_cache
 from batchfit.common.quick_exit import quick_exit
+from batchfit.compat.numba import compiling_once
+from batchfit.compat.pytensor import cached_by_pytensor
 from batchfit.compile.build import collector_paused
 from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
@@ -78,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--outputs", default="{}", help="the optional outputs to pre-compile (JSON)")
     parser.add_argument("--params", default="{}", help="build_model's keyword parameters (JSON)")
     parser.add_argument("--part", choices=sorted(PARTS), default="all", help="what of the entry to compile")
+    parser.add_argument("--claims", help="the directory where this worker and the other claim the node functions "
+                                         "each compiles, so that none is compiled twice")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     log.setLevel(logging.INFO)  # batchfit's own lines; other libraries' warnings and worse
@@ -96,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return UNSUPPORTED_EXIT
     outputs = json.loads(args.outputs)
     try:
-        manifest = build_entry(model, cache, key, graphs, OutputSettings(
-            bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive")),
-            sensitivity=bool(outputs.get("sensitivity"))), args.part)
+        with compiling_once(Path(args.claims), cached_by_pytensor) if args.claims else contextlib.nullcontext():
+            manifest = build_entry(model, cache, key, graphs, OutputSettings(
+                bool(outputs.get("log_likelihood")), bool(outputs.get("posterior_predictive")),
+                sensitivity=bool(outputs.get("sensitivity"))), args.part)
     except CachedPathUnsupported as exc:
         print(json.dumps({"unsupported": str(exc)}))
         return UNSUPPORTED_EXIT

@@ -11,6 +11,7 @@ the cache was damaged (`DAMAGED_EXIT`); any other failure is batchfit's bug.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -127,10 +128,13 @@ def _build(argv: list[str], cache: CacheDir, key: str, workers: int | Standby, c
     standby = _told(workers if isinstance(workers, Standby) else Standby(WORKER_MODULE, workers))
     parts = ("logp", "rest") if standby.limit >= 2 else ("all",)
     taken = dict(zip(parts, standby.take(len(parts)), strict=True))  # the second imports meanwhile
-    with ThreadPoolExecutor(len(parts)) as pool:
+    # Where the two claim the node functions each compiles (`batchfit.compat.numba.compiling_once`).
+    claims = tempfile.TemporaryDirectory(prefix="batchfit-claims-") if len(parts) > 1 else contextlib.nullcontext()
+    with claims as claims_dir, ThreadPoolExecutor(len(parts)) as pool:
+        shared = ["--claims", claims_dir] if claims_dir else []
         running = {}
         for part, proc in taken.items():
-            running[part] = pool.submit(_run_worker, proc, [*argv, "--part", part], part)
+            running[part] = pool.submit(_run_worker, proc, [*argv, "--part", part, *shared], part)
             if check is not None and len(running) == 1:
                 try:
                     check()

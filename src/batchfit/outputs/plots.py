@@ -14,12 +14,12 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import netCDF4
 import numpy as np
 import pandas as pd
 import xarray as xr
-from matplotlib.figure import Figure
 
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config, ReportSettings, SummarySettings
@@ -27,6 +27,9 @@ from batchfit.errors import ConfigError
 from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR, select_vars, stack_elements
 from batchfit.outputs import intervals
 from batchfit.outputs.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chunk_cache, open_presence
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: the report pages read this module's tables
+    from matplotlib.figure import Figure
 
 log = logging.getLogger("batchfit")
 
@@ -112,6 +115,8 @@ def plot_health(health: SweepHealth, path: Path) -> None:
 
 def health_figure(health: SweepHealth) -> Figure:
     """Bar charts: datasets per status, and warnings per threshold crossed."""
+    from matplotlib.figure import Figure
+
     counts, reasons = health.counts, health.reasons
     fig = Figure(figsize=(9, 3), layout="constrained")
     left, right = fig.subplots(1, 2)
@@ -255,6 +260,8 @@ def forest_figure(rows: ForestRows, *, max_rows: int, summary: SummarySettings) 
     drawn in three matplotlib calls for all rows at once (arviz-plots draws each row with calls
     of its own, most of the plots rule's time even for a small sweep).
     """
+    from matplotlib.figure import Figure
+
     n_rows = len(rows.labels)
     sorted_view = n_rows > max_rows
     # order[row]: the dataset drawn at height `row` (row 0 at the bottom)

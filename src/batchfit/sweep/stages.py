@@ -7,6 +7,8 @@ sweep behaves the same with or without Snakemake.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import resource
 import time
@@ -77,19 +79,30 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
     return stamp
 
 
+# Iterations of each chain's warm-up and of its draws, at most, in the compile job's measured fit: enough to time
+# the sampler's steps (its first, costlier steps included), short beside a sweep's fits, which the compile job delays.
+REFERENCE_ITERATIONS = 100
+
+
 def measure_fit(config: Config, fitter: Any) -> tuple[dict[str, Any] | None, Any]:
     """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
 
-    ``fitter`` holds the reference structure, just compiled. One thread and the compiling
-    process's memory: both err on the large side for a fit job. Returns the measurement and the fit
-    (the forward function of the predictions compiles from it), or (None, None) when the fit fails:
-    that dataset's own fit job records the failure, and the jobs get default resources.
+    ``fitter`` holds the reference structure, just compiled. A short fit (`REFERENCE_ITERATIONS`
+    warm-up and draws per chain at most; `batchfit.sweep.resources.fit_resources` scales its
+    time to the sweep's), on one thread, and the compiling process's memory plus what the
+    sweep's longer posterior adds: both err on the large side for a fit job. Returns the measurement
+    and the fit (the forward function of the predictions compiles from it), or (None, None) when the
+    fit fails: that dataset's own fit job records the failure, and the jobs get default resources.
     """
+    s = config.sampler
+    short = dataclasses.replace(s, tune=min(s.tune, REFERENCE_ITERATIONS), draws=min(s.draws, REFERENCE_ITERATIONS))
+    measured = copy.copy(fitter)  # the same compiled structure, sampling the short fit's iterations
+    measured.config = dataclasses.replace(config, sampler=short)
     ref = fitter.ref.dataset
     start = time.perf_counter()
     try:
-        tree = fitter.sample(fitter.build(ref), ref, fitter.reference, threads=1,
-                             provenance=fitter.provenance(ref.id))
+        tree = measured.sample(measured.build(ref), ref, measured.reference, threads=1,
+                               provenance=measured.provenance(ref.id))
     except Exception as exc:  # the sweep goes on; fit_resources falls back to its defaults
         after_sampling()  # a failed sample's chain threads may outlive it; this process ends soon
         log.log(logging.WARNING if is_expected(exc) else logging.ERROR,
@@ -97,11 +110,13 @@ def measure_fit(config: Config, fitter: Any) -> tuple[dict[str, Any] | None, Any
                 exc_info=None if is_expected(exc) else exc)
         return None, None
     seconds = time.perf_counter() - start
-    log.info("reference fit of %s in %.1f s", ref.id, seconds)
+    log.info("reference fit of %s in %.1f s (%d + %d iterations per chain)", ref.id, seconds, short.tune, short.draws)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    s = config.sampler
-    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb), "draws": s.draws + s.tune,
-            "chains": s.chains}, tree
+    posterior = tree["posterior"]  # a DataTree's group (nutpie's path) or a Dataset
+    per_draw_mb = getattr(posterior, "dataset", posterior).nbytes / 2**20 / short.draws if short.draws else 0.0
+    longer_posterior_mb = per_draw_mb * (s.draws - short.draws)
+    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb + longer_posterior_mb),
+            "draws": short.draws + short.tune, "chains": s.chains}, tree
 
 
 def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:
