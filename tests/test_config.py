@@ -14,18 +14,10 @@ from hypothesis import strategies as st
 from snakemake.utils import validate as snakemake_validate
 from testkit import REPO, write_config
 
-from batchfit.config import (
-    CacheSettings,
-    Config,
-    HealthSettings,
-    OutputSettings,
-    SamplerSettings,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-)
+from batchfit.config import Config, config_from_dict, config_to_dict, load_config
 from batchfit.errors import ConfigError
 from batchfit.schema import config_schema
+from batchfit.settings import CacheSettings, HealthSettings, OutputSettings, SamplerSettings
 
 MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}
 FULL = {

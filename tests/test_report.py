@@ -26,7 +26,7 @@ import pytest
 import xarray as xr
 from testkit import snakemake, write_config, write_sweep
 
-from batchfit.config import Config, ReportSettings, SummarySettings, config_from_dict
+from batchfit.config import Config, config_from_dict
 from batchfit.errors import ConfigError
 from batchfit.fitting.batch import fit_batch
 from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR
@@ -44,6 +44,7 @@ from batchfit.outputs.plots import (
     write_plots,
 )
 from batchfit.outputs.report import COUNTED, first_rows_by_status, fit_records, summary_page, write_report_pages
+from batchfit.settings import ReportSettings, SummarySettings
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -22,9 +22,9 @@ PREDICTION_FAILURES_CSV = "prediction_failures.csv"
 # (`variant`), so no variant may take one of these names.
 RESERVED_NAMES = frozenset({"fits", "failures", "batches", "logs", "benchmarks", "plan.json", "coding.json",
                             "data_sha256.json", "tables", "register", "summaries", "orphaned", "plots", "report", "sbc",
-                            "status.txt", "refits", "predictions", "predict_plan.json", "predict_status.txt", PREDICTIONS_CSV,
-                            PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV, DATASETS_CSV,
-                            COMPARISON_CSV, SENSITIVITY_CSV})
+                            "status.txt", "refits", "predictions", "predict_plan.json", "predict_status.txt",
+                            PREDICTIONS_CSV, PREDICTION_FAILURES_CSV, SUMMARY_CSV, POSTERIORS_NC, FAILURES_CSV,
+                            DATASETS_CSV, COMPARISON_CSV, SENSITIVITY_CSV})
 
 
 @dataclass(frozen=True)

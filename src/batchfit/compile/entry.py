@@ -24,8 +24,8 @@ from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
 from batchfit.compile.nopython import record_generic_fallbacks
 from batchfit.compile.sampler import SamplerFunctions
 from batchfit.compile.workers import NO_OUTPUTS, PARTS
-from batchfit.config import OutputSettings
 from batchfit.errors import CachedPathUnsupported, one_line
+from batchfit.settings import OutputSettings
 
 log = logging.getLogger("batchfit")
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from batchfit.config import OutputSettings
 from batchfit.model.model_file import swappable_inputs
 from batchfit.model.python_mode import python_mode
+from batchfit.settings import OutputSettings
 
 log = logging.getLogger("batchfit")
 

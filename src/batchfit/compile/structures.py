@@ -30,10 +30,10 @@ from batchfit.compile.extras import ExtraGroups
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.sampler import DEFAULT_START, CompiledModel, SamplerFunctions, StartPoint
 from batchfit.compile.workers import ModelSource
-from batchfit.config import CacheSettings, OutputSettings
 from batchfit.errors import CachedPathUnsupported, ModelContractError, SamplerFailure, one_line
 from batchfit.model.model_file import data_containers, swappable_inputs
 from batchfit.model.python_mode import python_mode
+from batchfit.settings import CacheSettings, OutputSettings
 
 log = logging.getLogger("batchfit")
 

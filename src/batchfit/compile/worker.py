@@ -27,9 +27,9 @@ from batchfit.compile.build import collector_paused
 from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.workers import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
-from batchfit.config import OutputSettings
 from batchfit.errors import CachedPathUnsupported
 from batchfit.model.model_file import build_model, load_model_file
+from batchfit.settings import OutputSettings
 
 log = logging.getLogger("batchfit")
 

@@ -30,9 +30,9 @@ from typing import Any
 from batchfit.cache.heal import damage_message, heal
 from batchfit.cache.store import CacheDir
 from batchfit.common.standby import Standby, finish, standing_by
-from batchfit.config import OutputSettings
 from batchfit.data.dataset import Dataset
 from batchfit.errors import BatchfitError, CachedPathUnsupported
+from batchfit.settings import OutputSettings
 
 log = logging.getLogger("batchfit")
 

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import ColumnSettings, Config, RowRules, TableSource, config_to_dict
+from batchfit.config import Config, config_to_dict
 from batchfit.data.discovery import DatasetIndex, discover_datasets, table_kind, table_scans
 from batchfit.data.labels import Coding, ColumnCoding
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
+from batchfit.settings import ColumnSettings, RowRules, TableSource
 
 log = logging.getLogger("batchfit")
 

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from batchfit.config import ColumnSettings, Config, RowRules, TableSource
+from batchfit.config import Config
 from batchfit.data.discovery import check_suffix, file_kind
 from batchfit.data.labels import Coding
 from batchfit.data.rows import DroppedRows, check_bounds
 from batchfit.errors import DatasetError
+from batchfit.settings import ColumnSettings, RowRules, TableSource
 
 
 class MissingColumnError(DatasetError, KeyError):

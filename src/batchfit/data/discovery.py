@@ -15,9 +15,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchfit.config import Config, TableSource
+from batchfit.config import Config
 from batchfit.data.ids import SAFE_ID_RULE, is_safe_id, unique_ids
 from batchfit.errors import ConfigError, DatasetError
+from batchfit.settings import TableSource
 
 _TABULAR = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}
 

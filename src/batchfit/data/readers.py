@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchfit.config import NO_RULES, RowRules
 from batchfit.data.labels import Coding, ColumnCoding
 from batchfit.data.rows import DroppedRows, apply_where_and_missing, infer_numbers
 from batchfit.errors import DatasetError, one_line
+from batchfit.settings import NO_RULES, RowRules
 
 
 @dataclass(frozen=True)

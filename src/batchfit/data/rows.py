@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchfit.config import ColumnSettings, RowRules
 from batchfit.errors import DatasetError, one_line
+from batchfit.settings import ColumnSettings, RowRules
 
 
 @dataclass(frozen=True)

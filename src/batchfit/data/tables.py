@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from batchfit.config import RowRules, TableSource
 from batchfit.data.ids import MISSING_KEY, SAFE_ID_RULE, is_safe_id, key_text, missing_key_id, unique_ids
 from batchfit.data.rows import apply_where_and_missing
 from batchfit.errors import ConfigError, DatasetError, one_line
+from batchfit.settings import RowRules, TableSource
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _SCAN_FORMAT = 1

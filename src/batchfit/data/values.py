@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from batchfit.config import TableSource
 from batchfit.data.ids import key_text, unique_ids
 from batchfit.data.tables import group_digests, read_table, split_keys
 from batchfit.errors import ConfigError, DatasetError, one_line
+from batchfit.settings import TableSource
 
 
 @dataclass(frozen=True)

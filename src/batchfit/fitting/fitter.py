@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from batchfit.errors import (
     one_line,
     reason_of,
 )
+from batchfit.fitting.groups import data_group, kept_posterior, kept_variables
 from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.outcome import hint
 from batchfit.fitting.provenance import Provenance, dataset_provenance, sweep_parts
@@ -63,7 +64,7 @@ from batchfit.model.model_file import (
     observed_and_constant_data,
     requirements,
 )
-from batchfit.model.variables import ROLE_ATTR, select_vars, variable_roles
+from batchfit.model.variables import variable_roles
 
 log = logging.getLogger("batchfit")
 
@@ -386,13 +387,13 @@ class Fitter:
         import xarray as xr
 
         observed, constant = observed_and_constant_data(model)
-        groups = {"observed_data": _dataset(observed, model, dataset),
-                  "constant_data": _dataset(constant, model, dataset)}
+        groups = {"observed_data": data_group(observed, model, dataset),
+                  "constant_data": data_group(constant, model, dataset)}
         with structure.loaded(model):  # the extras read the template; other datasets are sampling meanwhile
             groups.update(structure.extras.compute(model, tree, seed))  # before dropping: they may read any variable
         for group in ("posterior", "warmup_posterior"):  # the warm-up's with discard_tuned_samples: false
             if group in tree.children:
-                groups[group] = _kept_posterior(tree[group].to_dataset(), self.kept, self.roles)
+                groups[group] = kept_posterior(tree[group].to_dataset(), self.kept, self.roles)
         if "diverging" not in tree["sample_stats"].data_vars:  # PyMC's path with no NUTS step: none can diverge
             sizes = groups["posterior"].sizes
             groups["sample_stats"] = tree["sample_stats"].to_dataset().assign(
@@ -422,46 +423,3 @@ def sampled_trace(sampler: Any, model: Any) -> Any:
     except Exception as exc:
         raise SamplerFailure(one_line(exc)) from exc
     return nutpie_trace(sampler, raw, model)
-
-
-def kept_variables(config: Config, roles: Mapping[str, str]) -> list[str]:
-    """The posterior variables each fit keeps (`outputs.var_names`); a name the model lacks is a ConfigError."""
-    o = config.outputs
-    try:
-        return select_vars(list(roles), o.var_names, o.filter_vars)
-    except ValueError as exc:
-        raise ConfigError(f"{exc} in the model of {config.model}", key="outputs.var_names",
-                          source=config.source) from None
-
-
-def _kept_posterior(posterior: Any, kept: Sequence[str], roles: Mapping[str, str]) -> Any:
-    """The kept variables of a sampled posterior, each with its role (`batchfit.model.variables`) as attribute."""
-    wanted = set(kept)
-    posterior = posterior[[name for name in posterior.data_vars if name in wanted]]
-    for name, var in posterior.data_vars.items():
-        var.attrs[ROLE_ATTR] = roles[name]
-    return posterior
-
-
-def _dataset(arrays: dict[str, tuple[tuple[str, ...] | None, np.ndarray]], model: Any, dataset: Dataset) -> Any:
-    """An xarray Dataset from name -> (dims, array), with the model's coordinate labels.
-
-    A label column's codes come with their labels: variable ``{name}_labels`` along dimension
-    ``{name}_code`` holds the label of each code, so a fit can be read without the sweep's coding.
-    """
-    import xarray as xr
-
-    variables = {}
-    coords = {}
-    for name, (dims, value) in arrays.items():
-        dims = dims or tuple(f"{name}_dim_{i}" for i in range(value.ndim))
-        variables[name] = (dims, value)
-        for dim in dims:
-            labels = model.coords.get(dim)
-            if labels is not None:
-                coords[dim] = list(labels)
-    for name in list(variables):
-        labels = dataset.coords.get(name) if name in dataset.arrays else None
-        if labels is not None and f"{name}_labels" not in variables:
-            variables[f"{name}_labels"] = (f"{name}_code", np.array(labels, dtype=object))
-    return xr.Dataset(variables, coords=coords)

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from batchfit.config import Config, TableSource
+from batchfit.config import Config
 from batchfit.data.coding import recorded_coding, sweep_coding
 from batchfit.data.dataset import DataSettings
 from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.errors import BatchfitError
+from batchfit.settings import TableSource
 
 _MANIFEST = "inputs.json"
 _REGISTRY = "coding.json"

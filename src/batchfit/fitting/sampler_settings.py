@@ -27,9 +27,9 @@ import numpy as np
 from batchfit.compat.pymc import step_competences
 from batchfit.compile.sampler import StartPoint
 from batchfit.compile.structures import CACHED, NUTPIE, PYMC
-from batchfit.config import SamplerSettings
 from batchfit.model.python_mode import python_mode
 from batchfit.schema import config_schema
+from batchfit.settings import SamplerSettings
 
 # nutpie's own settings: `nutpie_options` passes them, pm.sample's own step methods have none of them.
 # How each path samples, for messages naming the path that cannot take a setting.

@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import SummarySettings
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting.fit_register import FitRegister
 from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
@@ -50,6 +49,7 @@ from batchfit.outputs.summaries import (
     summary_columns,
 )
 from batchfit.outputs.summary_helpers import SummaryHelpers
+from batchfit.settings import SummarySettings
 
 log = logging.getLogger("batchfit")
 

@@ -22,11 +22,12 @@ import pandas as pd
 import xarray as xr
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import Config, ReportSettings, SummarySettings
+from batchfit.config import Config
 from batchfit.errors import ConfigError
 from batchfit.model.variables import DETERMINISTIC, FREE, ROLE_ATTR, select_vars, stack_elements
 from batchfit.outputs import intervals
 from batchfit.outputs.combined import DATASET_DIM, POSTERIOR, dataset_posterior, no_chunk_cache, open_presence
+from batchfit.settings import ReportSettings, SummarySettings
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: the report pages read this module's tables
     from matplotlib.figure import Figure

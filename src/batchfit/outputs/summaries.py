@@ -30,7 +30,6 @@ from arviz_base import rcParams
 
 from batchfit.common.atomic import atomic_path
 from batchfit.common.hashing import file_sha256, package_sources, sources_digest
-from batchfit.config import SummarySettings
 from batchfit.errors import ConfigError, DatasetError
 from batchfit.model.variables import FREE, OBSERVATION_SIZED, ROLE_ATTR, select_vars, stack_elements
 from batchfit.outputs import diagnostics, intervals
@@ -41,6 +40,7 @@ from batchfit.outputs.combined import (
 from batchfit.outputs.fit_reader import read_fit
 from batchfit.outputs.health import HealthThresholds, recorded_rows, score_health
 from batchfit.outputs.summary_helpers import SummaryHelpers, helpers_for, started
+from batchfit.settings import SummarySettings
 
 log = logging.getLogger("batchfit")
 

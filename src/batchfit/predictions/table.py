@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import SummarySettings
 from batchfit.data.dataset import Dataset
 from batchfit.outputs import intervals
+from batchfit.settings import SummarySettings
 
 KEY_COLUMNS = ["dataset", "variable", "row", "element"]
 

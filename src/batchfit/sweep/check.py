@@ -37,7 +37,8 @@ from batchfit.data.dataset import Dataset, coerce_for_model
 from batchfit.data.discovery import discover_datasets
 from batchfit.data.reader import DatasetReader
 from batchfit.errors import BatchfitError, CachedPathUnsupported, ModelCodeError, one_line, reason_of
-from batchfit.fitting.fitter import kept_variables, reference_model, sweep_reader
+from batchfit.fitting.fitter import reference_model, sweep_reader
+from batchfit.fitting.groups import kept_variables
 from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
 from batchfit.model.model_file import baked_values, build_model, data_containers, load_model_file, requirements
 from batchfit.model.variables import variable_roles

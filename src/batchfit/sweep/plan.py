@@ -14,7 +14,7 @@ from typing import Any
 from batchfit import __version__
 from batchfit.common.atomic import write_json
 from batchfit.compile.fingerprint import LIBRARIES
-from batchfit.config import AUTO, Config, TableSource
+from batchfit.config import Config
 from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.errors import BatchfitError
 from batchfit.fitting.fit_register import FIT, FitRegister, files_entry, settle
@@ -22,6 +22,7 @@ from batchfit.fitting.provenance import expected_digests, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
 from batchfit.predictions.provenance import predict_parts
+from batchfit.settings import AUTO, TableSource
 
 log = logging.getLogger("batchfit")
 

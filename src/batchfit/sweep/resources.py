@@ -7,8 +7,8 @@ import logging
 import math
 from pathlib import Path
 
-from batchfit.config import SamplerSettings
 from batchfit.fitting.lanes import lane_count
+from batchfit.settings import SamplerSettings
 
 log = logging.getLogger("batchfit")
 

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import ColumnSettings, Config, RowRules, TableSource
+from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import discover_datasets
 from batchfit.data.reader import DatasetReader
 from batchfit.errors import BatchfitError, ConfigError
+from batchfit.settings import ColumnSettings, RowRules, TableSource
 
 log = logging.getLogger("batchfit")
 
