@@ -281,6 +281,8 @@ def predict_paths(path):
     if VARIANTS:
         return [here(p) for p in expand(str(path), variant=PREDICTING)]
     return [here(path)] if PREDICTING else []
+
+
 # The exact comparisons of a sweep of variants (workflow/rules/compare.smk): the refit plan's batches.
 
 
