@@ -90,7 +90,7 @@ class CachedPathUnsupported(ModelContractError):
 
     The one failure of the cached path that falls back to nutpie's own compile, which is what
     ``pm.sample(nuts_sampler="nutpie")`` runs: every other exception there is batchfit's bug and
-    fails the dataset with its traceback (issue #43).
+    fails the dataset with its traceback.
     """
 
 

@@ -77,12 +77,12 @@ def import_nutpie() -> ModuleType:
     arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
     (matplotlib.pyplot) with it: a noticeable part of every fit job, for names batchfit's path never
     uses (it builds the trace itself, `nutpie_trace`; `benchmarks/imports.py` measures the
-    saving). PyMC defers its own arviz import for the same reason (pymc-devs/pymc#8276).
+    saving). PyMC defers its own arviz import for the same reason (https://github.com/pymc-devs/pymc/issues/8276).
 
     The stand-in is in ``sys.modules`` only while ``import nutpie`` runs, after everything else
     nutpie imports: a stand-in left there was loaded by ``inspect.getmodule`` (which lazy_loader
-    calls for a missing optional module, python/cpython#139669) in the middle of importing
-    arviz_base, which then failed as partially initialised (batchfit issue #43). Called from the
+    calls for a missing optional module, https://github.com/python/cpython/issues/139669) in the
+    middle of importing arviz_base, which then failed as partially initialised. Called from the
     main thread only, like every import of a job (`tests/test_thread_imports.py`).
     """
     if "nutpie" in sys.modules:

@@ -38,10 +38,10 @@ def stop_pathlib_interning() -> None:
     interned strings are never freed.
 
     CPython 3.12.0 to 3.12.5 make every interned string immortal
-    ([cpython#113993](https://github.com/python/cpython/issues/113993); mortal again from 3.12.6,
+    (https://github.com/python/cpython/issues/113993; mortal again from 3.12.6,
     gh-123065), and their pathlib interns each part of a path it parses (``sys.intern`` in
     ``PurePath._parse_path``, ``Lib/pathlib.py``; gone in 3.14, gh-119518): every distinct file
-    name a process touches stays in memory ([cpython#121780](https://github.com/python/cpython/issues/121780)).
+    name a process touches stays in memory (https://github.com/python/cpython/issues/121780).
     A job goes through several paths per dataset (data, fit, sidecar, summary entry, temporary
     names), so interning makes collect's peak memory grow with the sweep. pathlib reaches
     ``sys.intern`` through its module global ``sys``, which gets a stand-in; interning changes no

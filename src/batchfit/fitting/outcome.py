@@ -86,7 +86,7 @@ def write_manifest(config: Config, report: BatchReport) -> None:
 FAILURE_COLUMNS = ["dataset", "path", "stage", "error_type", "message", "reason", "traceback"]
 
 
-# Not in older records: traceback before issue #43; reason, rows and groups before #45.
+# Not in records written by older batchfit versions, which are still read.
 _OPTIONAL_FAILURE_COLUMNS = ("traceback", "reason")
 
 

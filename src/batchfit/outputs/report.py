@@ -35,7 +35,7 @@ COUNTED = (("versions",), ("model_hash",), ("compile_key", "structure", "sampler
 REPORT_LIBRARIES = (*LIBRARIES, "arviz-base", "arviz-stats", "arviz-plots", "xarray", "pandas", "snakemake")
 _STATUS_ORDER = {"failed": 0, "warning": 1, "ok": 2}
 _CSS = """
-body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1em; color: #222; }
+body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1em; color: rgb(34, 34, 34); }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; position: sticky; top: 0; }
