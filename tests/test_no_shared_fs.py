@@ -19,6 +19,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from testkit import HIERARCHICAL, SNAKEFILE, SNAKEMAKE, posterior_arrays, snakemake, sweep_settings, write_config
@@ -48,7 +49,8 @@ def can_unshare() -> bool:
 
 def project(root: Path, cache: Path) -> Path:
     """A user's project: model.py and its config under git, six simulated datasets (not tracked): three files,
-    and three as the groups of one table (a fit job gets their rows, staged)."""
+    and three as the groups of one table (a fit job gets their rows, staged); the new inputs of every dataset's
+    predictions in one table too (a predict job gets its datasets' rows, staged)."""
     from batchfit.model.simulate import simulate_datasets
 
     root.mkdir(parents=True, exist_ok=True)
@@ -59,10 +61,13 @@ def project(root: Path, cache: Path) -> Path:
                                                                                index=False)
     for moved in files[3:]:
         moved.unlink()
+    new = [pd.DataFrame({"shop": f.stem, "group": ["g00", "g01"] * 3, "x": np.linspace(-1.0, 1.0, 6) + i})
+           for i, f in enumerate(files)]
+    pd.concat(new).to_csv(root / "tables" / "new.csv", index=False)
     config = write_config(root / "sweep.yaml", sweep_settings(
         cache, model="model.py", batch_size=2, sampler={"draws": 100, "tune": 100, "chains": 2, "seed": 8},
         columns={"group": {"scope": "dataset"}}, datasets=["data/*.csv", {"table": "tables/shops.csv", "by": "shop"}],
-        predict={"grid": {"group": ["g00", "g01"], "x": {"start": -1.0, "stop": 1.0, "num": 5}}}))
+        predict={"data": {"table": "tables/new.csv", "by": "shop"}}))
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "model.py", "sweep.yaml"], check=True)
@@ -133,6 +138,8 @@ def test_a_sweep_through_a_storage_plugin_fits_the_same_draws_in_jobs_that_see_o
     for dataset, draws in expected.items():
         assert actual[dataset]["y_obs"].tobytes() == draws["y_obs"].tobytes(), f"{dataset}: predictions differ"
     assert (apart / "results" / "predictions.csv").read_text() == (shared / "results" / "predictions.csv").read_text()
+    table = pd.read_csv(apart / "results" / "predictions.csv")  # each dataset's own rows of the new-data table
+    np.testing.assert_allclose(table[table["dataset"] == "far_004"]["x"], np.linspace(-1.0, 1.0, 6) + 4)
 
     expected, actual = fits(shared / "results"), fits(apart / "results")
     assert sorted(actual) == sorted(expected) == [f"far_{i:03d}" for i in range(6)]

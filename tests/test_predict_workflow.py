@@ -81,6 +81,24 @@ def test_grid_files_and_horizon_predict_end_to_end_and_refit_only_what_changed(s
     dry = snakemake(tmp_path, config, "predict", "-n")
     assert planned_jobs(dry)["predict_batch"] == 1 and "shop_003" in output_of(dry)
 
+    # 3b. the same new inputs as groups of one table: a changed group re-predicts that dataset only
+    new = pd.concat([pd.read_csv(tmp_path / "new" / f"{d}.csv").assign(shop=d) for d in ("shop_000", "shop_003")])
+    new.to_csv(tmp_path / "new.csv", index=False)
+    write_config(config, {**settings, "predict": {"data": {"table": "new.csv", "by": "shop"}}})
+    run = snakemake(tmp_path, config, "predict")
+    assert run.returncode == 0, output_of(run)[-4000:]
+    assert mtimes(results / "fits") == fits_before
+    table = pd.read_csv(results / "predictions.csv")
+    assert table.groupby("dataset").size().to_dict() == {"shop_000": 3, "shop_003": 1}
+    np.testing.assert_allclose(table[table["dataset"] == "shop_000"]["x"], np.linspace(0, 1, 3))
+    new.loc[new["shop"] == "shop_000", "x"] += 1.0
+    new.iloc[::-1].to_csv(tmp_path / "new.csv", index=False)  # another row order too: shop_003's rows are the same
+    before = mtimes(results / "predictions")
+    run = snakemake(tmp_path, config, "predict")
+    assert run.returncode == 0, output_of(run)[-4000:]
+    after = mtimes(results / "predictions")
+    assert [name for name in after if after[name] != before[name]] == ["shop_000.nc"]
+
     # 4. a horizon: the model file's extend gives each dataset its next x values
     write_config(config, {**settings, "predict": {"horizon": 3}})
     run = snakemake(tmp_path, config)

@@ -195,6 +195,10 @@ def _build(d: dict[str, Any], source: str) -> Config:
     columns = {str(name): _column(str(name), spec, source) for name, spec in d["columns"].items()}
     d["datasets"] = [entry if isinstance(entry, str) else _table(entry) for entry in d["datasets"]]
     d["values"] = [_table(entry) for entry in ([d["values"]] if isinstance(d["values"], Mapping) else d["values"])]
+    if d["predict"]["data"] is not None:  # one source or a list of them, as datasets
+        data = d["predict"]["data"]
+        d["predict"]["data"] = [entry if isinstance(entry, str) else _table(entry)
+                                for entry in (data if isinstance(data, list) else [data])]
     if d["outputs"]["log_likelihood"] is None:  # the compare rule of a sweep of variants needs it
         d["outputs"]["log_likelihood"] = bool(d["variants"] or d["grid"])
     config = _section(Config, {**d, "source": source, "columns": columns})

@@ -131,14 +131,14 @@ class ReportSettings:
 class PredictSettings:
     """Predictions on new inputs from every fit (`batchfit.predictions`; config key `predict`, docs/predictions.md).
 
-    The new inputs come from one of `data` (files matched to datasets by id), `grid` (the same rows for
+    The new inputs come from one of `data` (files or table groups matched to datasets by id), `grid` (the same rows for
     every dataset, by column: ``{start, stop, num}`` or a list of values) or `horizon` (steps the model
     file's ``extend(data, horizon)`` adds); none: no predictions. `var_names`/`filter_vars` select the
     predicted variables (None: every observed variable and deterministic). All but `x` (the report's x
     axis) are part of each prediction's provenance digest, none of any fit's.
     """
 
-    data: tuple[str, ...] | None = None
+    data: tuple[str | TableSource, ...] | None = None
     grid: Mapping[str, Any] | None = field(default=None, hash=False)
     horizon: int | None = None
     var_names: tuple[str, ...] | None = None

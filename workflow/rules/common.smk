@@ -264,9 +264,10 @@ def predict_members(wildcards):
 
 
 def predict_new_files(wildcards):
-    """The new-data files of one predict batch (predict.data): a changed one changes the batch's name."""
+    """The new-data files of one predict batch (predict.data), or the tables its new data are groups of: a
+    changed one changes the batch's name."""
     files = new_data_files(bf(wildcards))
-    return [here(files[d]) for d in predict_members(wildcards) if d in files]
+    return list(dict.fromkeys(here(files[d]) for d in predict_members(wildcards) if d in files))
 
 
 def predict_job_outputs(wildcards):

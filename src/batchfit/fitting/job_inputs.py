@@ -15,10 +15,11 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from batchfit.config import Config
 from batchfit.data.coding import recorded_coding, sweep_coding
@@ -50,13 +51,7 @@ class JobInputs:
         from the staged copy of their rows)."""
         if self.staged is None:
             return discover_datasets(config)
-        manifest = self._manifest
-        tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in manifest["tables"]]
-        groups = {d: (tables[number], tuple(key)) for d, (number, key) in manifest["groups"].items()}
-        located = {table: self.staged / t["staged"] for table, t in zip(tables, manifest["tables"], strict=True)}
-        files = {d: self.staged / name for d, name in manifest["files"].items()}
-        files.update({d: located[table] for d, (table, _) in groups.items()})
-        return DatasetIndex(sorted(files.items()), manifest["sources"], groups, located)
+        return staged_index(self.staged, self._manifest)
 
     def coding(self, config: Config, paths: Mapping[str, Path]) -> Coding:
         """The sweep's coding: recorded (and updated) in the results directory, or the staged registry's."""
@@ -105,10 +100,8 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
                  directory: Path) -> None:
     """Write ``directory``: what a job fitting ``members`` of the sweep ``datasets`` reads (see module docstring).
 
-    ``reference``: the compile stage's reference dataset. Files are hard-linked where the filesystem
-    allows (the directory only travels through storage), copied otherwise; a table's groups are written
-    as a table of just their rows (`batchfit.data.tables.write_rows`), whose groups read back as the
-    table's do.
+    ``reference``: the compile stage's reference dataset. The datasets are staged by `stage_sources`
+    (the directory only travels through storage).
     """
     unknown = [d for d in [*members, *([reference] if reference else [])] if d not in datasets]
     if unknown:
@@ -116,28 +109,9 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
     registry = config.layout.coding_registry
     if not registry.exists():
         raise BatchfitError(f"the sweep's label registry {registry} is missing: the sweep's run writes it first")
-    data = directory / _DATA
-    data.mkdir(parents=True, exist_ok=True)
     index = datasets if isinstance(datasets, DatasetIndex) else DatasetIndex(datasets.items())
-    files, sources, groups = {}, {}, {}
-    wanted: dict[TableSource, dict[str, tuple]] = {}
-    for dataset_id in sorted({*([reference] if reference else []), *members}):
-        sources[dataset_id] = str(index.source(dataset_id))  # what the fit and its failure record name
-        group = index.group(dataset_id)
-        if group is not None:
-            wanted.setdefault(group[0], {})[dataset_id] = group[1]
-            continue
-        source = Path(datasets[dataset_id])
-        files[dataset_id] = f"{_DATA}/{dataset_id}{''.join(source.suffixes)}"
-        link_or_copy(source, directory / files[dataset_id])
-    tables = []
-    as_text = {name for name, column in config.columns.items() if column.label}
-    for number, (table, members_of) in enumerate(wanted.items()):
-        from batchfit.data.tables import stage_rows
-
-        staged = stage_rows(table, members_of, data / f"table-{number}", index.location(table), as_text=as_text)
-        tables.append({"table": str(table.table), "by": list(table.by), "staged": str(staged.relative_to(directory))})
-        groups.update({d: [number, list(key)] for d, key in members_of.items()})
+    staged = stage_sources(config, index, {*([reference] if reference else []), *members}, directory, _DATA)
+    data = directory / _DATA
     values = []
     for number, side in enumerate(config.values):  # small beside the data: whole
         target = data / f"values-{number}{''.join(Path(side.table).suffixes)}"
@@ -148,9 +122,47 @@ def stage_inputs(config: Config, datasets: Mapping[str, Path], members: Sequence
         values.append(str(target.relative_to(directory)))
     shutil.copyfile(registry, directory / _REGISTRY)
     sweep_files = [d for d in datasets if index.group(d) is None]
-    manifest = {"members": list(members), "files": files, "sources": sources, "sweep": sweep_files,
-                "tables": tables, "groups": groups, "values": values}
+    manifest = {"members": list(members), **staged, "sweep": sweep_files, "values": values}
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def stage_sources(config: Config, index: DatasetIndex, ids: Iterable[str], directory: Path, folder: str
+                  ) -> dict[str, Any]:
+    """Stage the datasets ``ids`` of ``index`` under ``directory / folder``: files hard-linked or copied, a table's
+    groups written as a table of just their rows (`batchfit.data.tables.stage_rows`), whose groups read back as
+    the table's do. Returns the manifest's part that `staged_index` reads back."""
+    data = directory / folder
+    data.mkdir(parents=True, exist_ok=True)
+    files, sources, groups = {}, {}, {}
+    wanted: dict[TableSource, dict[str, tuple]] = {}
+    for dataset_id in sorted(ids):
+        sources[dataset_id] = str(index.source(dataset_id))  # what the fit and its failure record name
+        group = index.group(dataset_id)
+        if group is not None:
+            wanted.setdefault(group[0], {})[dataset_id] = group[1]
+            continue
+        source = Path(index[dataset_id])
+        files[dataset_id] = f"{folder}/{dataset_id}{''.join(source.suffixes)}"
+        link_or_copy(source, directory / files[dataset_id])
+    tables = []
+    as_text = {name for name, column in config.columns.items() if column.label}
+    for number, (table, members_of) in enumerate(wanted.items()):
+        from batchfit.data.tables import stage_rows
+
+        staged = stage_rows(table, members_of, data / f"table-{number}", index.location(table), as_text=as_text)
+        tables.append({"table": str(table.table), "by": list(table.by), "staged": str(staged.relative_to(directory))})
+        groups.update({d: [number, list(key)] for d, key in members_of.items()})
+    return {"files": files, "sources": sources, "tables": tables, "groups": groups}
+
+
+def staged_index(staged: Path, part: Mapping[str, Any]) -> DatasetIndex:
+    """The datasets `stage_sources` staged under ``staged``, read from its manifest ``part``."""
+    tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in part["tables"]]
+    groups = {d: (tables[number], tuple(key)) for d, (number, key) in part["groups"].items()}
+    located = {table: staged / t["staged"] for table, t in zip(tables, part["tables"], strict=True)}
+    files = {d: staged / name for d, name in part["files"].items()}
+    files.update({d: located[table] for d, (table, _) in groups.items()})
+    return DatasetIndex(sorted(files.items()), part["sources"], groups, located)
 
 
 def link_or_copy(source: Path, target: Path) -> None:

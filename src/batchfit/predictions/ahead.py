@@ -17,7 +17,7 @@ from batchfit.errors import BatchfitError, one_line
 from batchfit.fitting.fitter import Reference
 from batchfit.model.model_file import load_model_file
 from batchfit.predictions.fit_draws import FitDraws
-from batchfit.predictions.new_data import new_data_files, new_inputs
+from batchfit.predictions.new_data import new_data_files, new_data_reader, new_inputs
 from batchfit.predictions.predictor import Predictor
 
 log = logging.getLogger("batchfit")
@@ -34,13 +34,13 @@ def compile_forward_ahead(config: Config, ref: Reference, cache: CacheDir, tree:
     try:
         files = new_data_files(config)
         if config.predict.source == "data" and data.id not in files:
-            log.info("predict: the reference dataset %s has no new-data file; the first predict job compiles the "
+            log.info("predict: the reference dataset %s has no new data; the first predict job compiles the "
                      "forward function", data.id)
             return None
         module = load_model_file(config.model)
         predictor = Predictor(config, ref, cache, module)
         new = new_inputs(config, data, coding=ref.coding, module=module,
-                         file=files[data.id] if data.id in files else None)
+                         new_data=new_data_reader(config, files, ref.coding, [data.id]))
         model, _, _ = predictor.model_for(new)
         function = predictor.function(predictor.plan(fit, model, new))
     except BatchfitError as exc:  # the reference's own predict job records it

@@ -22,7 +22,7 @@ from batchfit.fitting.outcome import Outcome
 from batchfit.model.model_file import load_model_file
 from batchfit.predictions.fit_draws import read_fit_draws
 from batchfit.predictions.inputs import OWN_FILES, Expected, PredictInputs
-from batchfit.predictions.new_data import new_inputs
+from batchfit.predictions.new_data import new_data_reader, new_inputs
 from batchfit.predictions.predictor import Predictor
 from batchfit.predictions.records import record_failed_prediction, write_predict_manifest, write_prediction
 
@@ -38,6 +38,7 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
     paths = reader.index
     predictor = Predictor(config, ref, cache, load_model_file(config.model))
     new_files = inputs.new_files(config)
+    new_data = new_data_reader(config, new_files, reader.coding, expected)
     outcomes = []
     try:
         for dataset_id, wanted in expected.items():
@@ -55,8 +56,7 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
                     raise DatasetError("its fit is outdated (the config, model or data changed since): it is predicted "
                                        "once it is fitted again", dataset=dataset_id, path=source_of(paths, dataset_id))
                 data = reader.load(dataset_id)
-                new = new_inputs(config, data, coding=reader.coding, module=predictor.module,
-                                 file=new_files[dataset_id] if dataset_id in new_files else None)
+                new = new_inputs(config, data, coding=reader.coding, module=predictor.module, new_data=new_data)
                 stage = "predict"
                 prediction = predictor.predict(fit, new)
                 stage = "write"

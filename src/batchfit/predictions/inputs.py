@@ -3,7 +3,8 @@
 With a shared filesystem a job reads them where the sweep keeps them. Without one (docs/cluster.md) the
 submitting machine stages a directory per job (`stage_predict_inputs`): what a fit job would read for the
 same datasets (`batchfit.fitting.job_inputs.stage_inputs`: the data files, the reference dataset's, the
-label registry), plus the fits and the new-data files of its datasets, and what the plan expects of each.
+label registry), plus the fits and the new data of its datasets (files, or the rows of their table groups:
+`batchfit.fitting.job_inputs.stage_sources`), and what the plan expects of each.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from batchfit.config import Config
 from batchfit.data.discovery import DatasetIndex
 from batchfit.data.labels import Coding
-from batchfit.fitting.job_inputs import JobInputs, link_or_copy, read_staged, stage_inputs
+from batchfit.fitting.job_inputs import JobInputs, link_or_copy, read_staged, stage_inputs, stage_sources, staged_index
 from batchfit.predictions.new_data import new_data_files
 
 _MANIFEST = "predict.json"
@@ -59,8 +60,7 @@ class PredictInputs:
         """The new-data files (``predict.data``) by dataset id: the sweep's, or the staged copies."""
         if self.staged is None:
             return new_data_files(config)
-        files = self._manifest["new"]
-        return DatasetIndex(((d, self.staged / name) for d, name in files.items()), self._manifest["new_sources"])
+        return staged_index(self.staged, self._manifest["new"])
 
     def expected(self) -> dict[str, Expected]:
         """The staged datasets and what the plan expects of each."""
@@ -81,18 +81,12 @@ def stage_predict_inputs(config: Config, datasets: Mapping[str, Path], expected:
     """Write ``directory``: what the predict job of the datasets ``expected`` reads (module docstring)."""
     members = [d for d in expected if d in datasets]
     stage_inputs(config, datasets, members, reference, directory)
-    new, sources = {}, {}
-    files = new_data_files(config)
     for dataset_id in expected:
         fit = config.layout.fit(dataset_id)
         if fit.exists():
             link_or_copy(fit, directory / _FITS / f"{dataset_id}.nc")
-        if dataset_id in files:
-            source = files[dataset_id]
-            new[dataset_id] = f"{_NEW}/{dataset_id}{''.join(source.suffixes)}"
-            sources[dataset_id] = str(source)
-            link_or_copy(source, directory / new[dataset_id])
-    manifest = {"expected": {d: [e.prediction, e.fit] for d, e in expected.items()}, "new": new,
-                "new_sources": sources}
+    files = new_data_files(config)
+    new = stage_sources(config, files, [d for d in expected if d in files], directory, _NEW)
+    manifest = {"expected": {d: [e.prediction, e.fit] for d, e in expected.items()}, "new": new}
     (directory / _MANIFEST).write_text(json.dumps(manifest, indent=1))
 

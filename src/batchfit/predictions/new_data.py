@@ -6,9 +6,9 @@ itself, with the dataset's own labels (a text column's codes mean what they mean
 values that are one number (the config's ``params`` and the side tables' values, 0-d arrays of the
 dataset) carried over:
 
-* ``data``: the file whose name is the dataset's id, read as the sweep reads a dataset's file
-  (`batchfit.data.dataset.load_dataset`, with the sweep's coding and the columns' bounds; not the row
-  rules, which choose rows to fit);
+* ``data``: the file whose name is the dataset's id, or the group of a table whose key values give it,
+  read as the sweep reads a dataset (`batchfit.data.reader.DatasetReader`, with the sweep's coding and
+  the columns' bounds; not the row rules, which choose rows to fit);
 * ``grid``: the same rows for every dataset, every combination of the grid's columns; besides the
   0-d values, a column holding one value in the whole dataset (a subject's dose repeated on every
   row) is repeated over the new rows;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,8 +30,9 @@ import numpy as np
 
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, DataSettings, load_dataset, with_params
-from batchfit.data.discovery import DatasetIndex, discover_datasets
+from batchfit.data.discovery import PREDICT_DATA, DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
+from batchfit.data.reader import DatasetReader
 from batchfit.errors import ConfigError, DatasetError, ModelContractError
 from batchfit.model.model_file import use_model_folder
 from batchfit.model.user_traceback import model_code_error
@@ -40,32 +41,34 @@ EXTEND = "extend"  # the model file's hook for predict.horizon
 
 
 def new_data_files(config: Config) -> DatasetIndex:
-    """With ``predict.data``: each new-data file by the id of the dataset it is for (its name without the
-    suffix, made a safe id as a dataset file's is); otherwise none."""
-    predict = config.predict
-    if predict.data is None:
+    """With ``predict.data``: each new-data file and table group by the id of the dataset it is for (a file's
+    name without the suffix, a group's key values, made safe ids as the sweep's are); otherwise none."""
+    if config.predict.data is None:
         return DatasetIndex()
-    try:  # found and named as the sweep's own datasets are
-        return discover_datasets(dataclasses.replace(config, datasets=predict.data))
-    except ConfigError as exc:
-        raise ConfigError(str(exc).split("): ", 1)[-1], key="predict.data", source=config.source) from None
+    return discover_datasets(config, key=PREDICT_DATA)
 
 
-def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleType, file: Path | None = None
-               ) -> Dataset:
+def new_data_reader(config: Config, files: DatasetIndex, coding: Coding, wanted: Iterable[str]) -> DatasetReader:
+    """The reader of the new-data files and table groups ``files`` (`new_data_files`, or a job's staged ones) of
+    the datasets ``wanted``: a table is read once for all of them, each group as a dataset of the sweep is."""
+    return DatasetReader(files, new_data_settings(config), coding, wanted=wanted)
+
+
+def new_inputs(config: Config, data: Dataset, *, coding: Coding, module: ModuleType,
+               new_data: DatasetReader | None = None) -> Dataset:
     """The new inputs of the dataset ``data`` (as its fit read it) by the config's ``predict`` form.
 
-    ``file``: its new-data file (``predict.data``); ``module``: the loaded model file (``predict.horizon``).
-    A problem is a `DatasetError` naming the dataset, the file and the column.
+    ``new_data``: the reader of ``predict.data`` (`new_data_reader`); ``module``: the loaded model file
+    (``predict.horizon``). A problem is a `DatasetError` naming the dataset, the file and the column.
     """
     predict = config.predict
     if not predict.enabled:
         raise ConfigError("predict gives no new inputs (none of data, grid, horizon)", key="predict",
                           source=config.source)
     if predict.source == "data":
-        if file is None:
-            raise DatasetError("has no new-data file among predict.data", dataset=data.id, path=data.path)
-        new = load_dataset(data.id, file, coding, new_data_settings(config))
+        if new_data is None or data.id not in new_data.index:
+            raise DatasetError("has no new data among predict.data", dataset=data.id, path=data.path)
+        new = new_data.load(data.id)
     elif predict.source == "grid":
         new = grid_inputs(data, predict.grid or {})
     else:

@@ -1,24 +1,25 @@
 """Provenance of a prediction: a digest of everything that determines it, recorded with it and checked.
 
-A dataset's prediction is determined by its fit (the fit's own provenance digest, which covers the
-model file, the data, the settings and the code that fitted it), its new inputs (the new-data file's
-content; a grid's or a horizon's settings), the ``predict`` settings (all but ``x``, which only the
-report reads) and the code that predicts (``batchfit/predictions``). A dataset's prediction is pending when
-the digest it recorded (a sidecar ``predictions/{id}.json`` beside ``predictions/{id}.nc``, and the
-file's root attribute ``provenance``) differs from the expected one: a refit or changed new inputs
-re-predict that dataset only, and new inputs alone refit nothing (they are in no fit's digest).
+A dataset's prediction is determined by its fit (the fit's own provenance digest, which covers the model
+file, the data, the settings and the code that fitted it), its new inputs (the new-data file's content
+or its table group's rows; a grid's or a horizon's settings), the ``predict`` settings (all but ``x``,
+which only the report reads) and the code that predicts (``batchfit/predictions``). A dataset's
+prediction is pending when the digest it recorded (a sidecar ``predictions/{id}.json`` beside
+``predictions/{id}.nc``, and the file's root attribute ``provenance``) differs from the expected one: a
+refit or changed new inputs re-predict that dataset only, and new inputs alone refit nothing (they are
+in no fit's digest).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
 
 from batchfit.common.hashing import package_sources, sources_digest
-from batchfit.config import Config
+from batchfit.config import Config, config_to_dict
+from batchfit.data.discovery import PREDICT_DATA, table_scans
 from batchfit.fitting.provenance import DigestCache, Provenance, SweepParts, versions
 from batchfit.layout import ResultsLayout
 
@@ -33,9 +34,9 @@ def predict_code_sha256() -> str:
 
 def predict_parts(config: Config) -> SweepParts:
     """The parts every dataset's prediction shares."""
-    settings = dataclasses.asdict(config.predict)
+    settings = config_to_dict(config)["predict"]
     settings.pop("x", None)  # the report's axis, not the predictions'
-    return SweepParts({"predict": json.loads(json.dumps(settings, default=list)), "predict_code": predict_code_sha256(),
+    return SweepParts({"predict": settings, "predict_code": predict_code_sha256(),
                        "versions": versions()})
 
 
@@ -49,12 +50,18 @@ def expected_prediction_digests(config: Config, fit_digests: Mapping[str, str], 
                                 predicted: list[str], *, record: bool = True) -> dict[str, str]:
     """The expected digest of each dataset in ``predicted``: from its expected fit digest (``fit_digests``;
     '' for an id with no dataset) and, with ``predict.data``, its new file's sha256 (through the data files'
-    digest cache, so unchanged files are not hashed again)."""
+    digest cache, so unchanged files are not hashed again) or its table group's rows' digest (the table's
+    scan's), so that a changed group re-predicts that dataset only."""
     parts = predict_parts(config)
     cache = DigestCache(config.layout.data_digests)
-    digests = {d: prediction_provenance(parts, d, fit_digests.get(d, ""),
-                                        cache.sha256(new_files[d]) if d in new_files else "").digest
-               for d in predicted}
+    groups = {d: digest for scan in table_scans(config, key=PREDICT_DATA) for d, digest in scan.digests.items()}
+
+    def inputs(dataset_id: str) -> str:
+        if dataset_id in groups:
+            return groups[dataset_id]
+        return cache.sha256(new_files[dataset_id]) if dataset_id in new_files else ""
+
+    digests = {d: prediction_provenance(parts, d, fit_digests.get(d, ""), inputs(d)).digest for d in predicted}
     if record:
         cache.save()
     return digests

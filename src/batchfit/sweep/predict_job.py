@@ -96,7 +96,7 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
     from batchfit.fitting.fitter import reference_model, sweep_reader
     from batchfit.model.model_file import load_model_file
     from batchfit.predictions.fit_draws import read_fit_draws
-    from batchfit.predictions.new_data import given_inputs, new_data_files, new_inputs
+    from batchfit.predictions.new_data import given_inputs, new_data_files, new_data_reader, new_inputs
     from batchfit.predictions.predictor import Predictor
 
     if not config.predict.enabled:  # new inputs given here: the default predictions
@@ -116,9 +116,8 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
     predictor = Predictor(config, reference_model(config, reader), cache, module)
     data = reader.load(dataset_id)
     if new_data is None:
-        files = new_data_files(config)
         new = new_inputs(config, data, coding=reader.coding, module=module,
-                         file=files[dataset_id] if dataset_id in files else None)
+                         new_data=new_data_reader(config, new_data_files(config), reader.coding, [dataset_id]))
     else:
         new = given_inputs(data, new_data, reader.coding, config)
     return predictor.predict(read_fit_draws(dataset_id, config.layout.fit(dataset_id)), new).tree
