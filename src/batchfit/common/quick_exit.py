@@ -3,8 +3,8 @@
 A job's process (a rule script, the ``batchfit`` command, a compile worker, a lane or a
 summary worker) has closed every file it wrote when its work returns. Python's normal exit
 then frees every object of every module it imported (pymc, pytensor, numba, xarray, nutpie's
-runtime): a noticeable gap between a job's last log line and Snakemake seeing it end
-(``benchmarks/sweep.py``'s warm sweep shows it), on the sweep's critical path at every rule.
+runtime): a noticeable gap between a job's last log line and Snakemake seeing it end, on
+the sweep's critical path at every rule.
 The same trade as Instagram's ``atexit.register(os._exit, 0)``
 (https://instagram-engineering.com/dismissing-python-garbage-collection-at-instagram-4dca40b29172),
 taken only when the work succeeded: a failure leaves through Python's normal exit.

@@ -76,8 +76,7 @@ def import_nutpie() -> ModuleType:
     nutpie 0.16 imports ``arviz`` at the top of ``nutpie/sample.py`` for ``arviz.from_dict``; the
     arviz 1.x meta-package imports arviz_stats (scipy.stats, xarray_einstats) and arviz_plots
     (matplotlib.pyplot) with it: a noticeable part of every fit job, for names batchfit's path never
-    uses (it builds the trace itself, `nutpie_trace`; `benchmarks/imports.py` measures the
-    saving). PyMC defers its own arviz import for the same reason (https://github.com/pymc-devs/pymc/issues/8276).
+    uses (it builds the trace itself, `nutpie_trace`). PyMC defers its own arviz import for the same reason (https://github.com/pymc-devs/pymc/issues/8276).
 
     The stand-in is in ``sys.modules`` only while ``import nutpie`` runs, after everything else
     nutpie imports: a stand-in left there was loaded by ``inspect.getmodule`` (which lazy_loader
@@ -195,7 +194,7 @@ def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
     ``unconstrained_posterior``, and its warm-up) with the same values, dims, coordinates, kept
     stats and attributes, built as ``xr.Dataset``s: nutpie 0.16 goes through ``arviz.from_dict``,
     which builds and aligns a DataArray per variable, the largest part of the main thread's work per
-    dataset, and that work bounds a fit job's rate (``benchmarks/throughput.py --profile`` shows it).
+    dataset, and that work bounds a fit job's rate.
     Private: the arrow-to-array step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws,
     with NaN or None where arrow has nulls) and the sampler's ``_settings`` (the stats to keep, and
     the ``sample_stats`` attributes), ``_save_warmup`` and ``_store_unconstrained``

@@ -11,8 +11,8 @@ def end_snakemake_rate_timers() -> int:
     ``snakemake/scheduling/job_scheduler.py``) starts a ``threading.Timer`` of the
     ``--max-jobs-per-timespan`` timespan (1 s by default) to look again once its rate limit
     allows. The timer is not a daemon thread, so the interpreter waits for the last one before it
-    exits: every run ended a timespan after its last job, a noticeable part of a short sweep
-    (``benchmarks/sweep.py``). Called from the workflow's ``onsuccess``/``onerror``, when the
+    exits: every run ended a timespan after its last job, a noticeable part of a short sweep.
+    Called from the workflow's ``onsuccess``/``onerror``, when the
     scheduler has returned and no job is left; the timer only wakes the scheduler, so cancelling
     it loses nothing.
     The timespan cannot be set shorter instead: Snakemake's parser reads ``100/100ms`` as 100 minutes.

@@ -74,7 +74,7 @@ def collector_paused() -> Iterator[None]:
     does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
     burst sets off collections that walk the whole heap, pymc's and pytensor's included: a
     noticeable part of every warm start, saved by pausing the collector for these short, bounded
-    steps (``benchmarks/cache_load.py`` times a warm start). Garbage made meanwhile is collected
+    steps. Garbage made meanwhile is collected
     once the collector runs again. Long steps (a compile) are never run paused.
     """
     was_enabled = gc.isenabled()

@@ -113,8 +113,7 @@ def wrapper_source(spec: WrapperSpec, kind: str) -> str:
     ``math.isfinite`` while it is copied, not with ``np.all(np.isfinite(out))``, an array ufunc
     and a reduction numba compiles anew in every process, and the log density is stored as a
     number (``value[()]``) in a one-element view: storing the 0-d array itself in a 0-d view
-    made numba compile ``np.take`` twice. (``benchmarks/sweep.py`` prints the cold compile's time;
-    benchmarks/HISTORY.md what each of these choices saved.)
+    made numba compile ``np.take`` twice.
     """
     offsets = spec.offsets()
     valid, reads, args = _slot_reads(getattr(spec, kind), offsets)

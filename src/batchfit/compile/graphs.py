@@ -66,7 +66,7 @@ class SamplerGraphs:
         :mod:`batchfit.compile.callbacks`): a dataset with more groups needs no new compile. Cutting
         there rather than in the graph keeps the graphs to what PyMC builds: cut in PyTensor, with
         the shape arithmetic and checks that come with it, the two functions take numba markedly
-        longer to compile (``benchmarks/sweep.py`` prints the cold compile's time).
+        longer to compile.
         """
         import pytensor.tensor as pt
 

@@ -29,7 +29,7 @@ What is registered, and why
 Small-matrix kernels (``Cholesky``, ``SolveTriangular`` …) are *not* replaced: PyTensor's
 LAPACK-backed numba kernels already compile and cache, and run inside the one nopython
 function (PyTensor's C backend, by contrast, runs every ``Blockwise`` as a Python loop over
-the batch; ``benchmarks/blockwise.py`` prints what each backend runs).
+the batch).
 
 The code here is written against PyTensor 3.3's public dispatch API
 (``register_funcify_and_cache_key``, ``numba_funcify_and_cache_key``) so it can move

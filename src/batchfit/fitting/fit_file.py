@@ -4,7 +4,7 @@ A fit job writes one file per dataset on the thread that also builds the next da
 while the chains sample; with the machine's cores busy sampling, that thread's CPU time is the
 job's rate. xarray's store puts its file manager, locks and per-variable checks around each
 netCDF4 call, a noticeable part of writing a small fit; here the same calls are made without
-them. The fit job's rate is what ``benchmarks/throughput.py`` prints.
+them.
 
 The encoding is xarray's own (`compat.netcdf4_encoded`); only the netCDF4 calls are made here: the
 file has the same groups, dimensions, variables, types, attributes and storage layout, which

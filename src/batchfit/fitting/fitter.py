@@ -226,7 +226,7 @@ class Fitter:
         When the reference structure samples through cached callbacks, datasets are built without
         PyTensor's creation tracebacks (``traceback__limit=0``): PyTensor walks the Python stack for
         every node it creates (``add_tag_trace``), a large part of building a model, on the main
-        thread while both cores sample (`benchmarks/throughput.py` prints the time per dataset).
+        thread while both cores sample.
         Those tracebacks only explain errors of a graph PyTensor compiles or runs, and
         on that path a dataset's graph never is: its data are read into the cached callbacks (a
         new structure compiles in worker processes that build their own model; only a dataset

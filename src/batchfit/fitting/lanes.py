@@ -3,8 +3,7 @@
 A job with more threads than the sampler's chains fits ``threads // chains`` datasets at once.
 Each lane is a process of its own: a dataset's Python work (load, build, check, turning the
 trace into a DataTree, writing NetCDF) takes this kind of model longer than its sampling, so
-lanes sharing one interpreter were held by its GIL and gained nothing over one lane
-(`benchmarks/throughput.py --lanes-n` measures the lanes' throughput).
+lanes sharing one interpreter were held by its GIL and gained nothing over one lane.
 
 The job's own process is lane 0 and starts ``lanes - 1`` helpers (``python -m batchfit.fitting.lane_worker``)
 first, so their imports and cache load overlap its own. Every lane claims the batch's next

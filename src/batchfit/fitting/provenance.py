@@ -242,7 +242,7 @@ def write_planned(config: Config) -> None:
 
     Called where a run starts (`batchfit.sweep.plan.write_plan`): otherwise the first jobs hash
     and scan every data file again, one behind the other at the registry's lock, which slows a
-    warm sweep of many small datasets (`benchmarks/sweep.py`). Not over files a process wrote since.
+    warm sweep of many small datasets. Not over files a process wrote since.
     """
     write_planned_scans()
     write_planned_coding(config)

@@ -14,7 +14,7 @@ def python_mode() -> Iterator[None]:
     ``Scan`` (PyMC's ``LKJCorr`` initial point has one) with the default ``"vm"`` linker
     (``InnerFunctionOp.link_mode`` in ``pytensor/compile/inner_function.py``), which compiles
     every op's C code with g++: on an empty cache, a large part of the cold compile of
-    ``models/grouped_mvnormal.py`` (benchmarks/HISTORY.md). With no C++ compiler
+    ``models/grouped_mvnormal.py``. With no C++ compiler
     configured (``cxx=""``, PyTensor's documented switch) the VM runs each op's ``perform``.
     """
     import pytensor

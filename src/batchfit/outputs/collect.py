@@ -168,7 +168,7 @@ def collect_fits(
     stamps = {d: register.fit_stamp(d) for d in fitted} if register is not None else None
     cache = SummaryCache(out.summaries, summary, thresholds, stamps)
     # Paths as text: Path objects cost memory per dataset, and most of it stays with the process
-    # once they are freed, so collect's peak would grow with N (`benchmarks/collect.py`)
+    # once they are freed, so collect's peak would grow with N
     fits_of = [(d, str(fit_path(d))) for d in fitted]
     cache.fill(fits_of, workers)
     columns = summary_columns(summary)

@@ -224,7 +224,7 @@ def no_chunk_cache() -> Iterator[None]:
 
     Collect writes (and reads) each block once, whole, so a cache would only hold blocks already
     done: netCDF's default (up to 64 MiB and 1,009 chunks per variable) made collect's memory
-    grow with the number of datasets (`benchmarks/collect.py`).
+    grow with the number of datasets.
     """
     previous = netCDF4.get_chunk_cache()
     netCDF4.set_chunk_cache(0, 1, 1.0)

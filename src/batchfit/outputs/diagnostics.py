@@ -3,7 +3,7 @@ elements at once (its E-BFMI of each chain, which a fit job scores too: `batchfi
 
 arviz_stats computes these one element at a time: its ``make_ufunc`` loops over elements in Python
 (https://github.com/arviz-devs/arviz/issues/2090), which was most of collect's time on many small
-fits (``benchmarks/collect.py``). Here each statistic is one NumPy pass over an (element, chain,
+fits. Here each statistic is one NumPy pass over an (element, chain,
 draw) array, following arviz_stats' definitions step by step (``arviz_stats.base.diagnostics``,
 1.x; Vehtari et al. 2021, https://doi.org/10.1214/20-BA1221), so the values are arviz_stats' own to
 rounding: tests/test_diagnostics.py compares every function with arviz_stats on many posteriors,

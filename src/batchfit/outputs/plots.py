@@ -80,8 +80,7 @@ def summary_parts(summary_path: Path, rows_at_once: int = SUMMARY_ROWS_AT_ONCE,
 
 def read_health(datasets_path: Path, max_rows: int, rows_at_once: int = SUMMARY_ROWS_AT_ONCE) -> SweepHealth:
     """The `SweepHealth` of a datasets.csv (a row per dataset), read a part at a time and kept as counts:
-    a row per dataset would make the memory of the plots and report rules grow with the sweep
-    (`benchmarks/sweep.py --scaling` prints each rule's peak memory)."""
+    a row per dataset would make the memory of the plots and report rules grow with the sweep."""
     n, counts, reasons, first, n_warnings = 0, dict.fromkeys(STATUSES, 0), dict.fromkeys(REASONS, 0), [], 0
     for datasets in summary_parts(datasets_path, rows_at_once):
         n += len(datasets)

@@ -9,7 +9,7 @@ each dataset id whose entry it wrote (a `batchfit.common.standby` process).
 A helper's start (Python and collect's imports) costs as much as summarising dozens of tiny
 fits, so `batchfit.sweep.stages.run_collect` starts the helpers before it imports collect and
 computes the sweep's digests: the helpers start up meanwhile, and are ready when collect knows
-which fits are new (``benchmarks/collect.py`` times collect).
+which fits are new.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def plan(config: Config, cores: int | None = 1) -> Plan:
 
 
 # `batch_size: auto`. Every fit job first pays a fixed start (imports and cache load, longer on a
-# cluster's shared filesystem, plus the queue's wait there; `benchmarks/sweep.py` prints it locally).
+# cluster's shared filesystem, plus the queue's wait there).
 _LOCAL_MIN_BATCH = 4  # below this, a job's start costs more than running the datasets in fewer jobs
 
 

@@ -146,7 +146,7 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
     with summary_helpers.started(summary_helpers.helpers_for(workers, len(datasets))) as helpers:
 
         # Only the ids and digests outlive these lines: otherwise collect's peak memory holds each
-        # dataset's Path and recorded digest to the end, a growth with N (`benchmarks/collect.py`).
+        # dataset's Path and recorded digest to the end, a growth with N.
         expected = expected_digests(config, datasets)
         dataset_ids = list(datasets)
         del datasets

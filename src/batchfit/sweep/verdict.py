@@ -5,8 +5,7 @@ run's last lines (`end_of_run`): ``batchfit: 12 fitted: 8 ok, 4 warning (4 diver
 the health counts datasets.csv's (`fitted_text`), which ``batchfit status`` shows too. Both run at
 the end of every sweep, so this module imports only what reading datasets.csv and the failure
 records needs, not the fit and compile stages of `batchfit.sweep.stages`, whose imports would add to
-every sweep's end (`benchmarks/sweep.py` prints the status rule's time; the figures are in
-benchmarks/HISTORY.md).
+every sweep's end.
 """
 
 from __future__ import annotations
