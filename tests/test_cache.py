@@ -23,25 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from testkit import HIERARCHICAL, REPO, write_config
+from testkit import HIERARCHICAL, REPO
+from testkit.cache_jobs import SAMPLER, assert_same_draws, cli, env_for, posterior, sweep_file
 
 from batchfit.cache.store import CacheDir, compile_lock, read_entry
 from batchfit.errors import CacheError
 
 GROUPED = REPO / "models" / "grouped_mvnormal.py"
-BATCHFIT = Path(sys.executable).parent / "batchfit"
-SAMPLER = {"draws": 100, "tune": 100, "chains": 2, "seed": 7}
-# Kept to one interpreter per job in every subprocess, so 8 of them fit on 2 cores.
-SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-def env_for(cache_dir: Path) -> dict[str, str]:
-    """Environment of a job using ``cache_dir`` (PyTensor's compile dir inside it, as batchfit sets)."""
-    env = {**os.environ, **SUBPROCESS_ENV}
-    env["PYTENSOR_FLAGS"] = f"base_compiledir={Path(cache_dir) / 'pytensor'}"
-    return env
 
 
 def run_script(script: str, *args: object, cache_dir: Path, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -74,29 +65,6 @@ def simulate(model_file: Path, out_dir: Path, indices: list[int], *, seed: int =
     return paths
 
 
-def sweep_file(path: Path, *, data_glob: str, cache_dir: Path, results_dir: Path,
-               model: Path = HIERARCHICAL, **extra: object) -> Path:
-    """The config file ``path`` of a sweep of ``model`` over ``data_glob`` (JSON for FIT_SCRIPT, if .json)."""
-    return write_config(path, {"model": str(model), "datasets": [data_glob], "sampler": SAMPLER,
-                               "cache_dir": str(cache_dir), "results_dir": str(results_dir), **extra})
-
-
-def posterior(fit_file: Path) -> dict[str, np.ndarray]:
-    import xarray as xr
-
-    with xr.open_datatree(fit_file) as tree:
-        post = {name: var.values.copy() for name, var in tree["posterior"].ds.data_vars.items()}
-    assert post and all(v.size for v in post.values())
-    return post
-
-
-def assert_same_draws(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert a[name].shape == b[name].shape, name
-        assert np.array_equal(a[name], b[name]), f"posterior '{name}' differs"
-
-
 def entry_keys(cache_dir: Path) -> list[str]:
     return sorted(p.stem for p in (cache_dir / "batchfit" / "entries").glob("*.json"))
 
@@ -109,14 +77,6 @@ def events(cache_dir: Path) -> list[dict]:
 def temporary_files(root: Path) -> list[Path]:
     """Leftovers of non-atomic writes: batchfit's ``.name.pid.x.tmp.ext`` and numba's ``name.tmp.uid``."""
     return [p for p in root.rglob("*") if p.is_file() and ".tmp" in p.name]
-
-
-def cli(
-    *args: object, cwd: Path | None = None, cache_dir: Path | None = None, timeout: float = 400
-) -> subprocess.CompletedProcess:
-    env = env_for(cache_dir) if cache_dir is not None else {**os.environ, **SUBPROCESS_ENV}
-    return subprocess.run([str(BATCHFIT), *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
 
 
 @pytest.fixture
@@ -260,7 +220,6 @@ FIT_SCRIPT = textwrap.dedent("""
     print(json.dumps({"compile": report.compile, "outcomes": [o.__dict__ for o in report.outcomes],
                       "warnings": [str(w.message) for w in caught]}))
 """)
-
 
 
 # --- 2 and 4. eight processes on an empty cache; warm draws equal the cold process's draws -------

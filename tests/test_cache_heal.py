@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cache import assert_same_draws, cli, env_for, posterior, sweep_file
 from testkit import REPO
+from testkit.cache_jobs import assert_same_draws, cli, env_for, posterior, sweep_file
 
 from batchfit.cache.heal import Damage, file_problem, find_damage, is_damage_error, remove_damage
 from batchfit.cache.store import CacheDir

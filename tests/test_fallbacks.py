@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import xarray as xr
-from test_fit import make_config, write_datasets
+from testkit.fits import make_config, write_datasets
 
 import batchfit.compile.structures as structures_module
 import batchfit.fitting.fitter as fit_module

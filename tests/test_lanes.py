@@ -14,7 +14,8 @@ import signal
 
 import numpy as np
 import pytest
-from test_fit import HIERARCHICAL, SAMPLER, assert_groups_equal, make_config, read_tree, write_datasets
+from testkit import HIERARCHICAL
+from testkit.fits import SAMPLER, assert_groups_equal, make_config, read_tree, write_datasets
 
 from batchfit.fitting.batch import fit_batch
 

@@ -81,3 +81,14 @@ def test_the_source_names_no_issue_numbers_or_benchmark_trails():
             for path in sorted((REPO / "src").rglob("*")) if path.suffix in (".py", ".yaml", ".smk", ".rst", ".md")
             for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"#\d{2}|benchmarks/", line)]
     assert hits == []
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in tests/testkit/: a test module importing another runs that module's
+    fixtures and module-level work, and ties the two together."""
+    import re
+
+    hits = [f"{path.name}:{number}: {line.strip()}" for path in sorted((REPO / "tests").rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if re.match(r"\s*(from|import) (tests\.)?test_\w+", line)]
+    assert hits == []
