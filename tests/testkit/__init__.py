@@ -20,7 +20,7 @@ import pandas as pd
 import xarray as xr
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # tests/testkit/__init__.py -> the repository
 SNAKEFILE = REPO / "Snakefile"
 HIERARCHICAL = REPO / "models" / "hierarchical.py"
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")  # the test venv's, as a user runs it
