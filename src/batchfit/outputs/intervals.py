@@ -42,6 +42,18 @@ def eti(rows: np.ndarray, prob: float) -> np.ndarray:
     return np.moveaxis(np.quantile(ordered, [edge, 1 - edge], axis=-1), 0, -1)
 
 
+def column_names(kind: str, prob: float) -> list[str]:
+    """The columns of `mean_sd_interval`, named as ``arviz_stats.summary`` names them (``eti89_lb``)."""
+    prefix = f"{kind}{int(prob * 100)}"  # ArviZ truncates: 0.945 -> 94
+    return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub"]
+
+
+def mean_sd_interval(rows: np.ndarray, kind: str, prob: float) -> list[np.ndarray]:
+    """Each row's mean, sd (``ddof=1``, as ArviZ's) and the bounds of its interval of ``kind`` (`of_kind`)."""
+    bounds = of_kind(kind)(rows, prob)
+    return [rows.mean(axis=-1), rows.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1]]
+
+
 def of_kind(kind: str) -> Callable[[np.ndarray, float], np.ndarray]:
     """`hdi` or `eti`, as ``summary.ci_kind`` names them."""
     return eti if kind == "eti" else hdi

@@ -304,8 +304,8 @@ def summary_columns(summary: SummarySettings) -> list[str]:
 
 def stat_columns(summary: SummarySettings) -> list[str]:
     """The statistics of `summarise_posterior`, in the order of ``arviz_stats.summary(kind="all")``."""
-    prefix = f"{summary.interval_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
-    return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub", "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
+    return [*intervals.column_names(summary.interval_kind, summary.interval_prob),
+            "ess_bulk", "ess_tail", "r_hat", "mcse_mean", "mcse_sd"]
 
 
 def summarise_posterior(
@@ -328,11 +328,9 @@ def summarise_posterior(
     try:
         labels, owners, draws = stack_elements(posterior[names])
         flat = draws.reshape(draws.shape[0], -1)
-        interval = intervals.of_kind(summary.interval_kind)
         with np.errstate(divide="ignore", invalid="ignore"):  # constant variables give NaN r_hat
-            bounds = interval(flat, summary.interval_prob)
             values = [
-                flat.mean(axis=-1), flat.std(axis=-1, ddof=1), bounds[..., 0], bounds[..., 1],
+                *intervals.mean_sd_interval(flat, summary.interval_kind, summary.interval_prob),
                 diagnostics.ess_bulk(draws), diagnostics.ess_tail(draws, rcParams["stats.ci_prob"]),
                 diagnostics.rhat(draws), diagnostics.mcse_mean(draws), diagnostics.mcse_sd(draws),
             ]

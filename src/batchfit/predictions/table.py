@@ -33,8 +33,7 @@ KEY_COLUMNS = ["dataset", "variable", "row", "element"]
 
 def stat_columns(summary: SummarySettings) -> list[str]:
     """The statistics' columns, the interval's named as ArviZ names it (``eti89_lb``, ``eti89_ub``)."""
-    prefix = f"{summary.interval_kind}{int(summary.interval_prob * 100)}"  # ArviZ truncates: 0.945 -> 94
-    return ["mean", "sd", f"{prefix}_lb", f"{prefix}_ub"]
+    return intervals.column_names(summary.interval_kind, summary.interval_prob)
 
 
 def input_columns(inputs: Dataset, read: Collection[str], filled: Sequence[str]) -> dict[str, np.ndarray]:
@@ -57,15 +56,14 @@ def input_columns(inputs: Dataset, read: Collection[str], filled: Sequence[str])
 def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndarray], n_rows: int,
                     summary: SummarySettings) -> pd.DataFrame:
     """The rows of predictions.csv for one dataset's ``predictions`` group (an xarray Dataset)."""
-    prob, interval = summary.interval_prob, intervals.of_kind(summary.interval_kind)
     parts = []
     for name, var in predictions.data_vars.items():
         shape = var.shape[2:]
         # an element's draws contiguous: its statistics read them in one pass
         flat = np.ascontiguousarray(np.asarray(var.values, dtype=np.float64).reshape(-1, int(np.prod(shape))).T)
         with np.errstate(divide="ignore", invalid="ignore"):
-            bounds = interval(flat, prob) if flat.shape[1] else np.full((flat.shape[0], 2), np.nan)
-            stats = [flat.mean(axis=1), flat.std(axis=1, ddof=1), bounds[:, 0], bounds[:, 1]]
+            stats = intervals.mean_sd_interval(flat, summary.interval_kind, summary.interval_prob) if flat.shape[1] \
+                else [np.full(flat.shape[0], np.nan)] * 4
         per_row = bool(shape) and shape[0] == n_rows
         labels = [_labels(predictions, dim, size) for dim, size in zip(var.dims[2:], shape, strict=True)]
         rest = labels[1:] if per_row else labels
