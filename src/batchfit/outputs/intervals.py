@@ -36,10 +36,7 @@ def eti(rows: np.ndarray, prob: float) -> np.ndarray:
     shaped (row, 2)."""
     _check_prob(prob)
     edge = (1 - prob) / 2
-    # Sorted first: the same order statistics give the same quantiles, and NumPy's selection on sorted rows,
-    # with the sort, takes about half as long as on unsorted ones (a predict job's rows, many per dataset).
-    ordered = np.sort(rows, axis=-1)
-    return np.moveaxis(np.quantile(ordered, [edge, 1 - edge], axis=-1), 0, -1)
+    return np.moveaxis(np.quantile(rows, [edge, 1 - edge], axis=-1), 0, -1)
 
 
 def column_names(kind: str, prob: float) -> list[str]:
