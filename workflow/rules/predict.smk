@@ -69,9 +69,11 @@ rule collect_predictions:
 
 
 rule prediction_plots:
-    """The predicted curves with their bands over the observed data, for the report (report.datasets)."""
+    """The predicted curves with their bands over the observed data, for the report (report.datasets). Drawn from
+    each dataset's rows as its predict job wrote them: beside collect_predictions, or after it where it adopts them
+    (without a shared filesystem)."""
     input:
-        here(rules.collect_predictions.output.table),
+        predict_job_outputs if SHARED_FS else here(rules.collect_predictions.output.table),
     output:
         report(
             directory(here(LAYOUT.prediction_plots)),

@@ -102,9 +102,10 @@ class Predictor:
                                f"{_where_columns_come_from(self.settings.source)}", dataset=new.id, path=new.path,
                                column=exc.column) from None
 
-    def plan(self, fit: FitDraws, model: Any, new: Dataset) -> ForwardPlan:
-        """PyMC's decision for predicting ``fit`` with ``model`` (built on ``new``); its warnings logged once."""
-        if fit.structure and structure_of(model) != fit.structure:
+    def plan(self, fit: FitDraws, model: Any, new: Dataset, structure: str) -> ForwardPlan:
+        """PyMC's decision for predicting ``fit`` with ``model`` (built on ``new``, of ``structure``); its warnings
+        logged once."""
+        if fit.structure and structure != fit.structure:
             self._own_structure_once(new)
         plan = plan_forward(model, list(fit.posterior), fit.constant_data, fit.coordinates, self.var_names)
         self._log_warnings(plan)
@@ -114,7 +115,8 @@ class Predictor:
     def predict(self, fit: FitDraws, new: Dataset) -> Prediction:
         """``fit``'s predictions on the new inputs ``new`` (see module docstring)."""
         model, inputs, filled = self.model_for(new)
-        plan = self.plan(fit, model, new)
+        structure = structure_of(model)
+        plan = self.plan(fit, model, new, structure)
         seed = dataset_seed(self.settings.seed, new.id)
         function = self.function(plan)
         if function is None:
@@ -126,7 +128,7 @@ class Predictor:
                 raise DatasetError(f"the forward function failed on the new inputs: {type(exc).__name__}: "
                                    f"{one_line(exc)}", dataset=new.id, path=new.path) from exc
             tree, path = predictions_tree(plan, computed, fit), CACHED
-        tree.attrs = {**self._attrs(plan, fit, new, seed, path, function), **tree.attrs}
+        tree.attrs = {**self._attrs(plan, fit, new, seed, path, function), "structure": structure, **tree.attrs}
         return Prediction(tree, inputs, tuple(self.ref.requirements), filled, path)
 
     def _own_structure_once(self, new: Dataset) -> None:
@@ -194,7 +196,7 @@ class Predictor:
                 "dataset": new.id, "source": str(new.path), "seed": seed, "prediction_path": path,
                 "forward_key": function.key if function is not None and path == CACHED else "",
                 "sampled": ", ".join(plan.sampled), "copied": ", ".join(plan.copied),
-                "fit_provenance": fit.provenance, "structure": structure_of(plan.model)}
+                "fit_provenance": fit.provenance}
 
 
 def observed_columns(model: Any) -> tuple[str, ...]:
