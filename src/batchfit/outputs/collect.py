@@ -25,7 +25,6 @@ import pandas as pd
 from batchfit.common.atomic import atomic_path
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting.fit_register import FitRegister
-from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import (
     SweepLayout,
@@ -49,6 +48,7 @@ from batchfit.outputs.summaries import (
     summary_columns,
 )
 from batchfit.outputs.summary_helpers import SummaryHelpers
+from batchfit.records.failure import FAILURE_COLUMNS, FailureRecord
 from batchfit.settings import SummarySettings
 
 log = logging.getLogger("batchfit")
@@ -163,7 +163,7 @@ def collect_fits(
     else:
         has_fit, has_failure = (lambda d: register.digest(d) is not None), register.failed
     fitted, failed = _classify(dataset_ids, has_fit, has_failure, fit_path, failure_path)
-    failures = {d: read_failure(d, failure_path(d)) for d in failed}
+    failures = {d: FailureRecord.read_of(d, failure_path(d)).row() for d in failed}
     summary = summary or SummarySettings()
     stamps = {d: register.fit_stamp(d) for d in fitted} if register is not None else None
     cache = SummaryCache(out.summaries, summary, thresholds, stamps)

@@ -71,7 +71,7 @@ def fitted_row(dataset_id: str, attrs: Mapping[str, Any], health: Mapping[str, A
 
 
 def failed_row(record: Mapping[str, str]) -> dict[str, Any]:
-    """datasets.csv's row of a failed dataset, from its failure record (`batchfit.fitting.outcome.read_failure`)."""
+    """datasets.csv's row of a failed dataset, from its failure record (`FailureRecord.row`)."""
     return {"dataset": record["dataset"], "path": record.get("path", ""), "rows": record.get("rows", ""),
             **{name: record.get(name, "") for name in DROPPED}, "groups": record.get("groups", ""),
             "status": "failed", "message": record.get("message", ""), "stage": record.get("stage", "")}

@@ -20,10 +20,10 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import dataset_seed
-from batchfit.fitting.outcome import read_failure
 from batchfit.fitting.provenance import expected_digests
 from batchfit.model.variables import OBSERVATION_SIZED, ROLE_ATTR
 from batchfit.outputs.fit_reader import group_dataset
+from batchfit.records.failure import FailureRecord
 from batchfit.sweep.sbc.pit import Ranked, element_prob, pit_values, simultaneous_band
 from batchfit.sweep.sbc.plots import plot_ranks
 from batchfit.sweep.sbc.simulate import generator_file
@@ -81,7 +81,7 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     fitted, failed, missing = [], {}, []
     for sim in datasets:
         if register.failed(sim):
-            failed[sim] = read_failure(sim, sweep.layout.failure(sim)).get("message", "")
+            failed[sim] = FailureRecord.read_of(sim, sweep.layout.failure(sim)).message or ""
         elif register.digest(sim) == expected[sim]:
             fitted.append(sim)
         else:
