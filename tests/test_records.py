@@ -18,11 +18,13 @@ from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.fit_register import files_entry
 from batchfit.fitting.outcome import BatchReport, record_failure, write_manifest
 from batchfit.fitting.provenance import record_digest
+from batchfit.fitting.refit_records import KFOLD, Refit, RefitManifest, RefitOutcome, RefitPlan
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import job_output
 from batchfit.outputs.collect import collect
 from batchfit.outputs.fit_reader import read_fit
 from batchfit.predictions.fit_draws import read_fit_draws
+from batchfit.predictions.inputs import Expected
 from batchfit.predictions.records import write_predict_manifest
 from batchfit.records import fit_attributes
 from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
@@ -30,7 +32,9 @@ from batchfit.records.failure import FailureRecord
 from batchfit.records.manifest import BatchManifest, Outcome
 from batchfit.records.plan import PlanRecord
 from batchfit.records.provenance_sidecar import ProvenanceSidecar
+from batchfit.records.simulation_truth import SimulationTruth
 from batchfit.sweep.plan import plan, sweep_plan, write_plan
+from batchfit.sweep.predict_plan import PredictPlan, sweep_predict_plan, write_predict_plan
 from batchfit.sweep.resources import fit_resources
 
 
@@ -190,3 +194,33 @@ def test_both_readers_of_a_fit_read_its_attributes_and_refuse_another_format_nam
     write_fit(tree, path)
     with pytest.raises(DatasetError, match="the fit has no format version"):
         read_fit("d", path)
+
+
+# --- the prediction plan, the refits' plan and manifests, SBC's truth records
+def test_the_recorded_prediction_plan_reads_back_and_an_older_one_is_refused_naming_it(tmp_path):
+    config = sweep(tmp_path)
+    planned = PredictPlan(["store_000", "store_001"], {"predict-1": {"store_001": Expected("p1", "f1")}},
+                          {"store_000": Expected("p0", "f0")})
+    write_predict_plan(config, planned)
+    assert sweep_predict_plan(config, job=True) == PredictPlan(planned.predicted, planned.batches)
+    older(config.layout.predict_plan)
+    with pytest.raises(RecordError, match=refused(config.layout.predict_plan, "run the sweep again")):
+        sweep_predict_plan(config, job=True)
+
+
+REFIT = Refit("normal", "store_000", KFOLD, "kfold-1-of-2", (0, 2), "digest", "structure")
+
+
+@pytest.mark.parametrize("record", [
+    RefitPlan({"store_000": KFOLD}, {}, [REFIT], {"refit-1": [REFIT]}),
+    RefitManifest("refit-1", "normal", "compiled", {"store_000/kfold-1-of-2": RefitOutcome("failed", 0.5, "bad")}),
+    SimulationTruth("sim-00001", "digest", "sha", "model.py", "store_000", {"mu": [[0.5, 1.0]]},
+                    {"mu": {"group": ["a", "b"]}}),
+], ids=lambda record: record.KIND)
+def test_the_other_records_read_back_and_an_older_one_is_refused_naming_it(tmp_path, record):
+    path = tmp_path / "record.json"
+    record.write(path)
+    assert type(record).read(path) == record
+    older(path)
+    with pytest.raises(RecordError, match=refused(path, "no record kind and version", type(record).REMEDY)):
+        type(record).read(path)

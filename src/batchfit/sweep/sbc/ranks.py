@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from batchfit.fitting.provenance import expected_digests
 from batchfit.model.variables import OBSERVATION_SIZED, ROLE_ATTR
 from batchfit.outputs.fit_reader import group_dataset
 from batchfit.records.failure import FailureRecord
+from batchfit.records.simulation_truth import SimulationTruth
 from batchfit.sweep.sbc.pit import Ranked, element_prob, pit_values, simultaneous_band
 from batchfit.sweep.sbc.plots import plot_ranks
 from batchfit.sweep.sbc.simulate import generator_file
@@ -124,9 +124,8 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     dims: dict[str, tuple[str, ...]] = {}
     n_draws = 0
     for sim in fitted:
-        record = json.loads(config.layout.sbc.truth(sim).read_text())
-        truth = record["truth"]
-        truth_coords = record.get("coords", {})  # none in truth files written before they were recorded
+        record = SimulationTruth.read(config.layout.sbc.truth(sim))
+        truth, truth_coords = record.truth, record.coords
         with netCDF4.Dataset(sweep.layout.fit(sim)) as nc:
             nc.set_auto_mask(False)
             posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))
