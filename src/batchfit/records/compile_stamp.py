@@ -7,7 +7,6 @@ measurement) and for staging a job's inputs (the reference dataset).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -47,6 +46,3 @@ class CompileStamp(JsonRecord):
     def from_fields(cls, fields: dict[str, Any]) -> Self:
         measured = fields["reference_fit"]
         return super().from_fields({**fields, "reference_fit": None if measured is None else ReferenceFit(**measured)})
-
-    def to_fields(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
