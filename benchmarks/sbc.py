@@ -214,6 +214,8 @@ def stages(snakemake_log: Path, sbc_root: Path):
 
     import pandas as pd
 
+    from batchfit.records.manifest import BatchManifest
+
     now = None
     started: dict[str, tuple[str, datetime.datetime]] = {}
     jobs = []
@@ -238,8 +240,8 @@ def stages(snakemake_log: Path, sbc_root: Path):
                                                   last_end=("end", "max"), job_s_sum=("job_s", "sum"))
     table["from_s"] = (table.pop("first_start") - t0).dt.total_seconds()
     table["to_s"] = (table.pop("last_end") - t0).dt.total_seconds()
-    fits = [o["seconds"] for path in sorted((sbc_root / "batches").glob("*.json"))
-            for o in json.loads(path.read_text())["datasets"].values()]
+    fits = [o.seconds for path in sorted((sbc_root / "batches").glob("*.json"))
+            for o in BatchManifest.read(path).datasets.values()]
     table["fit_one_s_sum"] = pd.Series({"sbc_fit": round(sum(fits), 1)})
     table["fit_one_s_median"] = pd.Series({"sbc_fit": round(float(np.median(fits)), 2)})
     table["fit_one_s_max"] = pd.Series({"sbc_fit": round(max(fits), 1)})  # a job's first fit (see benchmarks/README.md)

@@ -253,6 +253,8 @@ def compare(n: int, cores: int) -> list[dict]:
     from batchfit.cache.store import CacheDir
     from batchfit.config import load_config
     from batchfit.fitting.fitter import dataset_seed
+    from batchfit.records.compile_stamp import CompileStamp
+    from batchfit.records.manifest import BatchManifest
     from batchfit.sweep.plan import compile_stamp_path
 
     root = fresh_dir(RESULTS / "sweep" / f"n{n}")
@@ -321,15 +323,16 @@ def compare(n: int, cores: int) -> list[dict]:
         phase(f"{label}: snakemake --cores {cores} ({state})")
         before = stamp_path.stat().st_mtime_ns if stamp_path.exists() else None
         r = run_tracked(cmd(), env=child_env(), cwd=REPO).check()
-        stamp = json.loads(stamp_path.read_text())
+        stamp = CompileStamp.read(stamp_path)
+        line = stamp.line
         if stamp_path.stat().st_mtime_ns == before:  # the cache was filled: no compile job ran
-            stamp = {**stamp, "line": "compile job skipped (cache already filled)"}
+            line = "compile job skipped (cache already filled)"
         # On the empty cache the compile job built the entry, which records what that took; warm compiles nothing.
-        compile_s = (json.loads(CacheDir(cache).entry_path(stamp["key"]).read_text())["compile_seconds"]
+        compile_s = (json.loads(CacheDir(cache).entry_path(stamp.key).read_text())["compile_seconds"]
                      if label == "batchfit cold" else 0.0)
-        manifests = [json.loads(p.read_text()) for p in sorted((res_dir / "batches").glob("*.json"))]
-        per = [o["seconds"] for m in manifests for o in m["datasets"].values()]
-        failed = [d for m in manifests for d, o in m["datasets"].items() if o["status"] != "ok"]
+        manifests = [BatchManifest.read(p) for p in sorted((res_dir / "batches").glob("*.json"))]
+        per = [o.seconds for m in manifests for o in m.datasets.values()]
+        failed = [d for m in manifests for d, o in m.datasets.items() if o.status != "ok"]
         if failed or len(per) != n:
             raise SystemExit(f"{label}: {len(per)} datasets fitted, failed: {failed}")
         stages_of[label] = rule_benchmarks(res_dir)
@@ -337,7 +340,7 @@ def compare(n: int, cores: int) -> list[dict]:
             "total_wall_s": r.wall, "median_dataset_s": median(per),
             "compile_s": compile_s,
             "peak_rss_mib": mib(r.peak_rss_largest),
-            "note": f"{len(manifests)} fit jobs (batch_size auto); {stamp['line']}",
+            "note": f"{len(manifests)} fit jobs (batch_size auto); {line}",
         }
         keep = bf / f"{label.replace(' ', '_')}-{check_id}.nc"
         shutil.copy(res_dir / "fits" / f"{check_id}.nc", keep)

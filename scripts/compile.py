@@ -3,13 +3,12 @@ from batchfit.compile.workers import compile_workers
 
 # Started first: the worker a miss waits for imports beside this script's own imports.
 with compile_workers(snakemake.threads) as workers:
-    from batchfit.common.atomic import write_json
     from batchfit.sweep.snakemake_job import log_to, snakemake_config, stamp_config
     from batchfit.sweep.stages import run_compile
 
     config = stamp_config(snakemake_config(snakemake.config, "the Snakemake config"), snakemake.wildcards.stamp)
     with log_to(snakemake.log[0]):
-        write_json(snakemake.output.stamp, run_compile(config, workers=workers, bundle=snakemake.output.bundle))
+        run_compile(config, workers=workers, bundle=snakemake.output.bundle).write(snakemake.output.stamp)
 
 from batchfit.common.quick_exit import quick_exit
 

@@ -110,7 +110,7 @@ def test_a_model_that_passes_check_compiles(tmp_path, source):
     config = project(tmp_path, source)
     assert check_model(config).ok
     stamp = run_compile(config)
-    assert stamp["path"] == "cached" and stamp["key"]
+    assert stamp.path == "cached" and stamp.key
 
 
 def _sized_model(n_groups: int, centres: np.ndarray) -> object:

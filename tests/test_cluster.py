@@ -15,6 +15,7 @@ from testkit import HIERARCHICAL as MODEL
 from testkit import REPO, manifests, snakemake, sweep_settings, write_config
 
 from batchfit.config import config_from_dict
+from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
 from batchfit.sweep.resources import fit_resources
 
 
@@ -83,8 +84,9 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
     config = config_from_dict({"model": str(MODEL), "datasets": [str(MODEL)],
                                "sampler": {"draws": 1000, "tune": 1000, "chains": 4}})
     stamp = tmp_path / "stamp.json"
-    stamp.write_text(json.dumps({"reference_fit": {"seconds": 2.0, "peak_rss_mb": 400, "draws": 2000,
-                                                   "chains": 4}}))
+    CompileStamp(key="k", structure="s", path="cached", reference_dataset="d", line="compiled",
+                 reference_fit=ReferenceFit(seconds=2.0, peak_rss_mb=400, draws=2000, chains=4),
+                 forward_key=None).write(stamp)
     one, many = fit_resources(config.sampler, 10, stamp), fit_resources(config.sampler, 1000, stamp)
     assert one["mem_mb"] == many["mem_mb"] >= 400  # memory does not grow with the batch
     assert many["runtime"] * 60 >= 1000 * 2.0  # at least the measured time of every dataset
@@ -146,16 +148,16 @@ def test_the_compile_stage_times_a_short_fit_which_the_resources_scale_to_the_sw
                                    "columns": {"group": {"scope": "dataset"}}, "cache_dir": str(hierarchical_entry),
                                    "results_dir": str(tmp_path / "results"), "sampler": sampler})
         stamp = tmp_path / "stamp.json"
-        stamp.write_text(json.dumps(run_compile(config)))
+        run_compile(config).write(stamp)
         return config, stamp
 
     config, stamp = measured({"draws": 1000, "tune": 1000, "chains": 2, "seed": 1})
-    fit = json.loads(stamp.read_text())["reference_fit"]
-    assert (fit["draws"], fit["chains"]) == (2 * REFERENCE_ITERATIONS, 2), fit
-    assert fit["seconds"] > 0 and fit["peak_rss_mb"] > 0
+    fit = CompileStamp.read(stamp).reference_fit
+    assert fit is not None and (fit.draws, fit.chains) == (2 * REFERENCE_ITERATIONS, 2), fit
+    assert fit.seconds > 0 and fit.peak_rss_mb > 0
     # a dataset's time, in the runtime of a job of 100: ten times the measured iterations, with the margin
     runtime = fit_resources(config.sampler, 100, stamp)["runtime"]
-    assert runtime * 60 >= 100 * fit["seconds"] * (2000 / (2 * REFERENCE_ITERATIONS))
+    assert runtime * 60 >= 100 * fit.seconds * (2000 / (2 * REFERENCE_ITERATIONS))
     # a sweep with fewer iterations than that is measured with its own
     _, stamp = measured({"draws": 40, "tune": 30, "chains": 2, "seed": 1})
-    assert json.loads(stamp.read_text())["reference_fit"]["draws"] == 70
+    assert CompileStamp.read(stamp).reference_fit.draws == 70

@@ -21,12 +21,15 @@ import batchfit
 from batchfit.common.atomic import atomic_path, remove_stale_temporaries
 from batchfit.config import Config, config_from_dict, config_to_dict
 from batchfit.errors import BatchfitError, DatasetError
+from batchfit.fitting.outcome import record_failure
 from batchfit.layout import ResultsLayout
 from batchfit.model.variables import DETERMINISTIC, ROLE_ATTR
 from batchfit.outputs.collect import collect, collect_fits
 from batchfit.outputs.combined import dataset_posterior
 from batchfit.outputs.health import DATASET_COLUMNS
 from batchfit.outputs.summaries import dataset_health
+from batchfit.records import fit_attributes
+from batchfit.records.manifest import Outcome
 
 CHAINS, DRAWS = 2, 50
 
@@ -95,6 +98,7 @@ def write_fit(
         {"posterior": posterior, "sample_stats": sample_stats, "observed_data": observed, "constant_data": constant}
     )
     tree.attrs = {
+        fit_attributes.FORMAT: fit_attributes.VERSION,
         "batchfit_version": batchfit.__version__,
         "dataset": dataset_id,
         "source": f"data/{dataset_id}.csv",
@@ -110,17 +114,9 @@ def write_fit(
 
 
 def write_failure(config: Config, dataset_id: str, message: str) -> Path:
-    path = config.layout.failure(dataset_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "dataset": dataset_id,
-        "path": f"data/{dataset_id}.csv",
-        "stage": "check",
-        "error_type": "DatasetError",
-        "message": message,
-    }
-    path.write_text(json.dumps(record))
-    return path
+    outcome = Outcome(dataset_id, "failed", 0.0, stage="check", error_type="DatasetError", message=message)
+    record_failure(config, outcome, Path(f"data/{dataset_id}.csv"))
+    return config.layout.failure(dataset_id)
 
 
 IDS = ["store_01", "store_02", "store_03", "store_04", "store_07"]

@@ -160,7 +160,7 @@ def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_s
             from batchfit.sweep.stages import run_compile
             from batchfit.sweep.snakemake_job import snakemake_config
 
-            print(run_compile(snakemake_config({config!r}, "the test"), workers=workers)["line"])
+            print(run_compile(snakemake_config({config!r}, "the test"), workers=workers).line)
     """)
     env = {name: value for name, value in os.environ.items() if name != "NUMBA_CPU_NAME"}
     out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, env=env, timeout=600)
@@ -200,7 +200,7 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     with compile_workers(2) as workers:  # as the rule script does, before reading the config
         config = config_from_dict({"model": str(tmp_path / "model.py"), "datasets": [str(tmp_path / "data" / "*.csv")],
                                    "cache_dir": str(cache), "results_dir": str(tmp_path / "results")})
-        assert run_compile(config, workers=workers)["line"].startswith("cache miss")
+        assert run_compile(config, workers=workers).line.startswith("cache miss")
     names = [name for name, _ in events]
     assert names[:2] == ["started", "key"], names
     early = events[0][1]
@@ -210,6 +210,6 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
 
     events.clear()
     with compile_workers(2) as workers:
-        assert run_compile(config, workers=workers)["line"].startswith("cache hit")
+        assert run_compile(config, workers=workers).line.startswith("cache hit")
     assert [name for name, _ in events] == ["started", "key"]
     assert events[0][1].returncode is not None and events[0][1].returncode < 0  # killed, never given work

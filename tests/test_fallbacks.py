@@ -22,8 +22,8 @@ import batchfit.compile.structures as structures_module
 import batchfit.fitting.fitter as fit_module
 from batchfit.errors import SamplerFailure
 from batchfit.fitting.batch import fit_batch
-from batchfit.fitting.outcome import Outcome
 from batchfit.outputs.collect import collect
+from batchfit.records.manifest import Outcome
 from batchfit.sweep.status import sweep_status
 
 

@@ -22,7 +22,7 @@ from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
 
 if TYPE_CHECKING:
-    from batchfit.fitting.outcome import Outcome
+    from batchfit.records.manifest import Outcome
 
 
 def _error_names(cls: type) -> set[str]:

@@ -23,6 +23,8 @@ from batchfit.fitting.job_inputs import JobInputs, stage_inputs
 from batchfit.fitting.provenance import record_digest
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import adopt_batch_outputs
+from batchfit.records.failure import FailureRecord
+from batchfit.records.manifest import BatchManifest, Outcome
 
 # A sweep-wide text column whose level "Z" appears only in a dataset outside the batch, and a column
 # that is text in the batch but numeric in another dataset (so numeric for the whole sweep).
@@ -81,10 +83,10 @@ def job_outputs(root: Path, batch: str, fitted: dict[str, str], failed: list[str
     for dataset_id, digest in fitted.items():
         job.fit(dataset_id).write_bytes(f"fit of {dataset_id}".encode())
         record_digest(job, dataset_id, digest)
-    for dataset_id in failed:
-        job.failure(dataset_id).write_text(json.dumps({"dataset": dataset_id, "message": "bad"}))
-    outcomes = {d: {"status": "ok"} for d in fitted} | {d: {"status": "failed"} for d in failed}
-    job.batch_manifest(batch).write_text(json.dumps({"batch": batch, "datasets": outcomes}))
+    outcomes = [Outcome(d, "ok", 1.0) for d in fitted] + [Outcome(d, "failed", 1.0, message="bad") for d in failed]
+    for outcome in outcomes[len(fitted):]:
+        FailureRecord.of(outcome, None).write(job.failure(outcome.dataset))
+    BatchManifest.of(batch, outcomes).write(job.batch_manifest(batch))
     return job.root
 
 
@@ -103,8 +105,8 @@ def test_collect_adopts_a_jobs_fits_and_failures_as_if_the_job_had_written_them_
     assert register.digest("d1") == "digest-1" and register.failed("d2")  # d1's sidecar describes the adopted fit
     assert not results.failure("d1").exists()
     assert not results.fit("d2").exists() and not results.sidecar("d2").exists()
-    assert json.loads(results.failure("d2").read_text())["message"] == "bad"
-    assert json.loads(results.batch_manifest("batch-1").read_text())["batch"] == "batch-1"
+    assert FailureRecord.read_of("d2", results.failure("d2")).message == "bad"
+    assert BatchManifest.read(results.batch_manifest("batch-1")).batch == "batch-1"
 
 
 def test_a_directory_that_is_no_jobs_output_is_refused(tmp_path):

@@ -80,7 +80,7 @@ def pk_sweep(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     path = write_config(root / "config.yaml", pk_settings(root, session_cache, {"grid": GRID}))
     config = load_config(path)
     stamp = stages.run_compile(config, workers=2)
-    assert stamp["forward_key"], "the compile stage compiles the reference's forward function ahead"
+    assert stamp.forward_key, "the compile stage compiles the reference's forward function ahead"
     assert stages.run_fit(config) == 0
     stages.run_collect(config)
     return path

@@ -23,7 +23,6 @@ import xarray as xr
 from testkit import HIERARCHICAL as MODEL
 from testkit import planned_jobs, snakemake, sweep_settings, write_config
 
-from batchfit.common.atomic import write_json
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
 from batchfit.model.simulate import simulate_datasets
@@ -188,7 +187,7 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     assert pending(config) == [] and compile_stamp_path(config) == stamp
 
 
-@pytest.mark.parametrize("subpackage", ["common", "compat", "data", "model", "cache", "compile", "fitting"])
+@pytest.mark.parametrize("subpackage", ["common", "compat", "records", "data", "model", "cache", "compile", "fitting"])
 def test_the_code_digest_covers_every_subpackage_a_fit_runs(tmp_path: Path, subpackage: str) -> None:
     """Editing any module of a subpackage on the fitting path changes every fit's code digest (so
     the plan refits); editing collect or the sweep's code (outputs/, sweep/) changes none."""
@@ -316,7 +315,7 @@ def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, sessio
     """After a sweep: batch manifests and the compile stamp exist, each newer than its inputs."""
     config = config_from_dict(settings(project, session_cache))
     # the compile rule's two outputs: its stamp, and the bundle fit jobs take as an input
-    write_json(compile_stamp_path(config), run_compile(config, bundle=compiled_bundle_path(config)))
+    run_compile(config, bundle=compiled_bundle_path(config)).write(compile_stamp_path(config))
     manifests = min(p.stat().st_mtime for p in config.layout.batches.glob("*.json"))
     for output in (compile_stamp_path(config), compiled_bundle_path(config)):
         os.utime(output, (manifests - 1, manifests - 1))  # written before the fits

@@ -252,7 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     if args.command in ("compile", "run"):
         stamp = pipeline.run_compile(config, workers=args.threads)
-        print(stamp["line"])
+        print(stamp.line)
     if args.command in ("fit", "run"):
         failed = pipeline.run_fit(config, getattr(args, "datasets", None) or None, threads=args.threads)
         if failed:

@@ -59,6 +59,15 @@ class DatasetError(BatchfitError):
         return DatasetError(self.message, dataset=self.dataset, path=path, column=self.column)
 
 
+class RecordError(BatchfitError):
+    """A record batchfit wrote (a plan, manifest, failure record, compile stamp, ...) cannot be read: damaged, or
+    of another format or version. The message names the file and what to do."""
+
+    def __init__(self, message: str, *, path: str | Path):
+        super().__init__(f"record {path}: {message}")
+        self.path = path
+
+
 class ModelContractError(BatchfitError):
     """The model file breaks the batchfit contract (see docs/model.md, 'The contract')."""
 

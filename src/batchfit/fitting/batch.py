@@ -35,9 +35,11 @@ from batchfit.fitting.fit_register import touching
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.job_inputs import SHARED, JobInputs
 from batchfit.fitting.lanes import LANE_STAGE, lanes
-from batchfit.fitting.outcome import BatchReport, Outcome, format_groups, hint, record_failed, write_manifest
+from batchfit.fitting.outcome import BatchReport, format_groups, hint, record_failed, write_manifest
 from batchfit.fitting.provenance import Provenance, record
 from batchfit.fitting.sampler_health import sampler_reasons
+from batchfit.records import fit_attributes
+from batchfit.records.manifest import Outcome
 
 log = logging.getLogger("batchfit")
 
@@ -216,9 +218,10 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
         warnings = sampler_reasons(tree["sample_stats"].to_dataset(), config.health, job.dataset.n_rows)
         job.stage = "write"
         # What datasets.csv shows of the dataset and its fit (`batchfit.outputs.health.fitted_row`)
-        tree.attrs.update({"rows": job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
+        tree.attrs.update({fit_attributes.ROWS: job.dataset.n_rows, "groups": format_groups(job.dataset.groups),
                            "dropped_where": job.dataset.dropped.where, "dropped_missing": job.dataset.dropped.missing,
-                           "wall_seconds": round(time.perf_counter() - job.started, 3), "source": str(job.path)})
+                           "wall_seconds": round(time.perf_counter() - job.started, 3),
+                           fit_attributes.SOURCE: str(job.path)})
         # The sidecar goes first and comes back last: a job killed in between leaves a fit
         # without one (the plan then reads the fit itself), never a sidecar of another fit.
         config.layout.sidecar(job.id).unlink(missing_ok=True)
@@ -227,7 +230,7 @@ def _complete(fitter: Fitter, job: DatasetFit, *, threads: int) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - as in `_prepare`
         return _failed(config, job, exc)
     config.layout.failure(job.id).unlink(missing_ok=True)
-    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs["fallback"],
+    return Outcome(job.id, "ok", time.perf_counter() - job.started, fallback=tree.attrs[fit_attributes.FALLBACK],
                    warnings=warnings)
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
 from batchfit.layout import ResultsLayout
+from batchfit.records.fit_attributes import recorded_digest
+from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
 log = logging.getLogger("batchfit")
 
@@ -118,27 +120,13 @@ def files_entry(layout: ResultsLayout, dataset_id: str) -> list | None:
         stat = fit.stat()
     except FileNotFoundError:
         return [FAILED] if layout.failure(dataset_id).is_file() else None
-    digest = None
-    try:
-        side = json.loads(layout.sidecar(dataset_id).read_text())
-        if [side["fit_size"], side["fit_mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
-            digest = side["provenance"]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass  # no sidecar, or a damaged one: the fit itself says
-    if digest is None:
+    digest = ProvenanceSidecar.digest_for(layout.sidecar(dataset_id), stat)
+    if digest is None:  # no sidecar, a damaged one or another fit's: the fit itself says
         try:
-            digest = fit_digest(fit)
+            digest = recorded_digest(fit)
         except OSError:  # an unreadable fit is as good as none
             return None
     return [FIT, digest, stat.st_size, stat.st_mtime_ns] if digest is not None else None
-
-
-def fit_digest(path: str | Path) -> str | None:
-    """The digest a fit file recorded (None for a fit without one, e.g. from before batchfit recorded it)."""
-    import netCDF4
-
-    with netCDF4.Dataset(path) as nc:
-        return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
 
 
 def settle(layout: ResultsLayout, dataset_ids: Iterable[str] | None = None) -> FitRegister:

@@ -65,6 +65,7 @@ from batchfit.model.model_file import (
     requirements,
 )
 from batchfit.model.variables import variable_roles
+from batchfit.records import fit_attributes
 
 log = logging.getLogger("batchfit")
 
@@ -401,16 +402,17 @@ class Fitter:
         for name, ds in groups.items():
             tree[name] = xr.DataTree(ds)
         tree.attrs.update({
+            fit_attributes.FORMAT: fit_attributes.VERSION,
             "batchfit_version": __version__,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),  # sampled just now
-            "dataset": dataset.id,
-            "source": str(dataset.path),
+            fit_attributes.DATASET: dataset.id,
+            fit_attributes.SOURCE: str(dataset.path),
             "model_file": str(self.config.model),
             "seed": seed,
             "compile_key": structure.key,
-            "structure": structure.id,
+            fit_attributes.STRUCTURE: structure.id,
             "sampler_path": path,
-            "fallback": fallback,  # why not batchfit's cached path ('' when it was)
+            fit_attributes.FALLBACK: fallback,  # why not batchfit's cached path ('' when it was)
             **provenance.attributes(),  # the digest, and sampler, outputs, model_hash, data_sha256, ...
         })
         return tree

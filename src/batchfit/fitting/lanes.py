@@ -36,7 +36,7 @@ from filelock import FileLock
 
 from batchfit.config import Config
 from batchfit.fitting.job_inputs import SHARED, JobInputs
-from batchfit.fitting.outcome import Outcome
+from batchfit.records.manifest import Outcome
 
 log = logging.getLogger("batchfit")
 

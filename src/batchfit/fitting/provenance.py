@@ -54,13 +54,14 @@ from batchfit.data.reader import DatasetReader, data_digest
 from batchfit.data.values import read_side_values
 from batchfit.layout import ResultsLayout
 from batchfit.model.imports import user_imports
+from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
 # The code that runs while a fit is produced: every module of these subpackages and top-level
 # modules, so a module added to one is covered. Editing any refits every dataset; the command
 # line, collect and its outputs, the plan, status, checks and SBC (outputs/, sweep/, cli.py, ...)
 # do not shape a fit, and editing them refits nothing.
 FIT_CODE = ("__init__.py", "compat", "config.py", "errors.py", "layout.py", "schema.py",
-            "common", "data", "model", "cache", "compile", "fitting")
+            "common", "records", "data", "model", "cache", "compile", "fitting")
 # A digest cached for a file modified less than this long before it was hashed is not trusted:
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.
@@ -253,18 +254,12 @@ def write_planned(config: Config) -> None:
 
 
 def record(config: Config, dataset_id: str, provenance: Provenance) -> None:
-    """Write the sidecar of a fit just written, with the fit's size and modification time.
-
-    Written in place, not through a temporary file: a torn sidecar is never valid JSON and is
-    then ignored (the fit is read), while a temporary left by a killed job beside a complete
-    fit would never be cleaned up (the dataset is not pending, so no job owns it).
-    """
+    """Write the sidecar of a fit just written, with the fit's size and modification time
+    (`batchfit.records.provenance_sidecar`)."""
     record_digest(config.layout, dataset_id, provenance.digest)
 
 
 def record_digest(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
     """Write the sidecar of the fit of ``dataset_id`` in ``layout``: ``digest``, and the file's size and
     modification time (`record`; also after collect moved in a fit from a job's own outputs)."""
-    stat = layout.fit(dataset_id).stat()
-    data = {"dataset": dataset_id, "provenance": digest, "fit_size": stat.st_size, "fit_mtime_ns": stat.st_mtime_ns}
-    layout.sidecar(dataset_id).write_text(json.dumps(data, indent=1))
+    ProvenanceSidecar.describing(layout.fit(dataset_id), dataset_id, digest).write(layout.sidecar(dataset_id))

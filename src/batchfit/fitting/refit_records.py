@@ -1,4 +1,4 @@
-"""The refit plan as a file: each refit's record and the plan the compare rule's jobs share.
+"""The refits' files: the plan the compare rule's jobs share, each refit's record, a refit job's manifest.
 
 Light on purpose: the workflow reads the plan while Snakemake parses (which refit jobs exist), and the
 compare rule reads the refits' results, so this module imports nothing of the fitting stage
@@ -11,14 +11,13 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
-from batchfit.common.atomic import write_json
 from batchfit.config import Config
 from batchfit.errors import BatchfitError
+from batchfit.records.json_record import JsonRecord
 
 RELOO, KFOLD, PSIS = "reloo", "kfold", "psis"  # comparison.csv's methods: the refits' two, and none
 HELD_OUT_DIM = "row"  # a refit result's observation dimension: the held-out rows, by their index
@@ -45,25 +44,27 @@ class Refit:
 
 
 @dataclass(frozen=True)
-class RefitPlan:
+class RefitPlan(JsonRecord):
     """What the compare rule needs: each compared dataset's method (`RELOO`, `KFOLD` or `PSIS` for all its
     variants), why PSIS where an exact method was asked for, every refit, and the pending ones in batches."""
+
+    KIND = "refit plan"
+    VERSION = 1
+    REMEDY = "delete it, and the refits are planned again"
 
     methods: dict[str, str]
     notes: dict[str, str]
     refits: list[Refit]
     batches: dict[str, list[Refit]]  # batch id -> pending refits, of one variant each
 
-    def write(self, path: Path) -> None:
-        write_json(path, {"methods": self.methods, "notes": self.notes,
-                          "refits": [r.to_json() for r in self.refits],
-                          "batches": {b: [r.to_json() for r in rs] for b, rs in self.batches.items()}})
+    def to_fields(self) -> dict[str, Any]:
+        return {"methods": self.methods, "notes": self.notes, "refits": [r.to_json() for r in self.refits],
+                "batches": {b: [r.to_json() for r in rs] for b, rs in self.batches.items()}}
 
     @classmethod
-    def read(cls, path: Path) -> RefitPlan:
-        data = json.loads(Path(path).read_text())
-        return cls(dict(data["methods"]), dict(data["notes"]), [Refit.from_json(r) for r in data["refits"]],
-                   {b: [Refit.from_json(r) for r in rs] for b, rs in data["batches"].items()})
+    def from_fields(cls, fields: dict[str, Any]) -> Self:
+        return cls(dict(fields["methods"]), dict(fields["notes"]), [Refit.from_json(r) for r in fields["refits"]],
+                   {b: [Refit.from_json(r) for r in rs] for b, rs in fields["batches"].items()})
 
     def folds(self, dataset_id: str) -> np.ndarray:
         """The fold (1 to k) of each row of a K-fold dataset, from its refits (every variant has the same)."""
@@ -80,6 +81,37 @@ class RefitPlan:
             return self.batches[batch_id][0].variant
         except (KeyError, IndexError):
             raise BatchfitError(f"refit batch {batch_id} is not in the refit plan") from None
+
+
+@dataclass
+class RefitOutcome:
+    """What happened to one refit of a batch."""
+
+    status: str  # "ok" or "failed"
+    seconds: float
+    message: str = ""
+    sampler_path: str = ""
+    divergences: int = 0
+
+
+@dataclass(frozen=True)
+class RefitManifest(JsonRecord):
+    """A refit job's declared output: its batch, variant and compile line, and each refit's outcome by
+    ``{dataset}/{refit id}``."""
+
+    KIND = "refit manifest"
+    VERSION = 1
+    REMEDY = "delete it, and its refit job runs again"
+
+    batch: str
+    variant: str
+    compile: str
+    refits: dict[str, RefitOutcome]
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Self:
+        return cls(fields["batch"], fields["variant"], fields["compile"],
+                   {key: RefitOutcome(**o) for key, o in fields["refits"].items()})
 
 
 def refit_done(config: Config, refit: Refit) -> bool:

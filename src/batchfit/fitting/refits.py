@@ -23,20 +23,19 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from batchfit.common.atomic import atomic_path, write_json
+from batchfit.common.atomic import atomic_path
 from batchfit.compile.fingerprint import structure_of
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset
 from batchfit.errors import BatchfitError, is_expected, one_line
 from batchfit.fitting.batch import after_sampling
 from batchfit.fitting.fitter import Fitter, dataset_seed, prepare
-from batchfit.fitting.refit_records import HELD_OUT_DIM, Refit, RefitPlan
+from batchfit.fitting.refit_records import HELD_OUT_DIM, Refit, RefitManifest, RefitOutcome, RefitPlan
 from batchfit.fitting.sampler_health import sampler_diagnostics
 
 log = logging.getLogger("batchfit")
@@ -55,18 +54,7 @@ def refit_seed(config: Config, refit: Refit) -> int:
     return dataset_seed(config.sampler.seed, f"{refit.dataset}/{refit.id}")
 
 
-@dataclass
-class RefitOutcome:
-    """What happened to one refit of a batch."""
-
-    status: str  # "ok" or "failed"
-    seconds: float
-    message: str = ""
-    sampler_path: str = ""
-    divergences: int = 0
-
-
-def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threads: int = 1) -> dict[str, Any]:
+def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threads: int = 1) -> RefitManifest:
     """Run one variant's ``refits`` with one compile (the fits' structure: a cache hit); write each result
     and the batch manifest, which is returned.
 
@@ -94,15 +82,14 @@ def refit_batch(config: Config, refits: Sequence[Refit], *, batch_id: str, threa
                      outcome.seconds)
         outcomes[f"{refit.dataset}/{refit.id}"] = outcome
     after_sampling()  # a failed sample's chain threads may outlive it
-    manifest = {"batch": batch_id, "variant": config.variant, "compile": fitter.compile_line,
-                "refits": {key: dataclasses.asdict(o) for key, o in outcomes.items()}}
-    write_json(config.layout.refit_manifest(batch_id), manifest)
+    manifest = RefitManifest(batch_id, config.variant, fitter.compile_line, outcomes)
+    manifest.write(config.layout.refit_manifest(batch_id))
     failed = sum(o.status == "failed" for o in outcomes.values())
     log.info("%s: %d refitted, %d failed", batch_id, len(outcomes) - failed, failed)
     return manifest
 
 
-def run_refit_job(config: Config, plan_path: Path, batch_id: str, *, threads: int = 1) -> dict[str, Any]:
+def run_refit_job(config: Config, plan_path: Path, batch_id: str, *, threads: int = 1) -> RefitManifest:
     """The ``refit`` rule's job: batch ``batch_id`` of the recorded refit plan, in ``config`` (its variant's)."""
     plan = RefitPlan.read(plan_path)
     if plan.batch_variant(batch_id) != config.variant:

@@ -9,17 +9,18 @@ failure replaces its old fit, and the batch's manifest joins the others (the pla
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from batchfit.common.atomic import atomic_path
-from batchfit.errors import BatchfitError
+from batchfit.errors import BatchfitError, RecordError
 from batchfit.fitting.fit_register import touching
 from batchfit.fitting.provenance import record_digest
 from batchfit.layout import ResultsLayout
+from batchfit.records.manifest import BatchManifest
+from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
 log = logging.getLogger("batchfit")
 
@@ -33,7 +34,7 @@ def job_output(directory: str | Path, manifests: Callable[[ResultsLayout], Path]
     if len(found) != 1:
         raise BatchfitError(f"{directory} is not a {kind} job's output directory: it holds {len(found)} "
                             "batch manifests, not one")
-    return job, found[0], list(json.loads(found[0].read_text())["datasets"])
+    return job, found[0], list(BatchManifest.read(found[0]).datasets)
 
 
 def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]) -> int:
@@ -59,8 +60,8 @@ def adopt_batch_outputs(layout: ResultsLayout, directories: Iterable[str | Path]
 def _adopt_fit(layout: ResultsLayout, job: ResultsLayout, dataset_id: str) -> None:
     """The sidecar goes first and comes back last, as where the job writes itself (`batchfit.fitting.batch`)."""
     try:
-        digest = json.loads(job.sidecar(dataset_id).read_text())["provenance"]
-    except (OSError, ValueError, KeyError) as exc:
+        digest = ProvenanceSidecar.read(job.sidecar(dataset_id)).provenance
+    except (OSError, RecordError) as exc:
         raise BatchfitError(f"the fit of '{dataset_id}' in {job.root} has no readable sidecar ({exc})") from exc
     layout.sidecar(dataset_id).unlink(missing_ok=True)
     copy_file(job.fit(dataset_id), layout.fit(dataset_id))

@@ -25,7 +25,6 @@ import pandas as pd
 from batchfit.common.atomic import atomic_path
 from batchfit.errors import BatchfitError, DatasetError
 from batchfit.fitting.fit_register import FitRegister
-from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.combined import (
     SweepLayout,
@@ -49,6 +48,8 @@ from batchfit.outputs.summaries import (
     summary_columns,
 )
 from batchfit.outputs.summary_helpers import SummaryHelpers
+from batchfit.records import fit_attributes
+from batchfit.records.failure import FAILURE_COLUMNS, FailureRecord
 from batchfit.settings import SummarySettings
 
 log = logging.getLogger("batchfit")
@@ -163,7 +164,7 @@ def collect_fits(
     else:
         has_fit, has_failure = (lambda d: register.digest(d) is not None), register.failed
     fitted, failed = _classify(dataset_ids, has_fit, has_failure, fit_path, failure_path)
-    failures = {d: read_failure(d, failure_path(d)) for d in failed}
+    failures = {d: FailureRecord.read_of(d, failure_path(d)).row() for d in failed}
     summary = summary or SummarySettings()
     stamps = {d: register.fit_stamp(d) for d in fitted} if register is not None else None
     cache = SummaryCache(out.summaries, summary, thresholds, stamps)
@@ -191,7 +192,7 @@ def collect_fits(
                     continue
                 entry = next(entries)  # in the order of `fitted`, which is the sweep's
                 # the digest the fit recorded, from its cached attributes (the cache entry is for this very file)
-                recorded = entry["attrs"].get("provenance")
+                recorded = entry["attrs"].get(fit_attributes.PROVENANCE)
                 if expected_provenance is not None and recorded != expected_provenance[dataset_id]:
                     stale.append(dataset_id)
                 table = entry["table"]
@@ -200,8 +201,8 @@ def collect_fits(
                                         for column in ("r_hat", "ess_bulk", "ess_tail")), entry, thresholds,
                                       recorded_rows(entry["attrs"]))
                 statuses[dataset_id] = health["status"]
-                if entry["attrs"].get("fallback"):
-                    fallbacks.setdefault(str(entry["attrs"]["fallback"]), []).append(dataset_id)
+                if entry["attrs"].get(fit_attributes.FALLBACK):
+                    fallbacks.setdefault(str(entry["attrs"][fit_attributes.FALLBACK]), []).append(dataset_id)
                 csv_out.writerows(_summary_rows(dataset_id, entry, columns))
                 datasets_out.writerow(_dataset_cells(fitted_row(dataset_id, entry["attrs"], health)))
                 stacked.add(entry["layout"], list(entry["attrs"]), dataset_id)

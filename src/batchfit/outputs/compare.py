@@ -12,7 +12,6 @@ grow with the sweep.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ import pandas as pd
 
 from batchfit.config import Config
 from batchfit.errors import ConfigError
-from batchfit.fitting.refit_records import KFOLD, PSIS, RELOO, Refit, RefitPlan, read_refit, refit_done
+from batchfit.fitting.refit_records import KFOLD, PSIS, RELOO, Refit, RefitManifest, RefitPlan, read_refit, refit_done
 from batchfit.outputs.exact_elpd import PARETO_K, exact_elpd, fit_loo
 from batchfit.outputs.table_page import write_table_and_page
 from batchfit.variants import variant_configs
@@ -121,9 +120,9 @@ def _failure(config: Config, refit: Refit) -> str:
     """What a refit's batch manifest recorded of its failure ('no result' without one)."""
     key = f"{refit.dataset}/{refit.id}"
     for manifest in sorted(config.layout.refits.glob("batches/*.json")):
-        outcome = json.loads(manifest.read_text())["refits"].get(key)
-        if outcome and outcome["status"] == "failed":
-            return outcome["message"]
+        outcome = RefitManifest.read(manifest).refits.get(key)
+        if outcome and outcome.status == "failed":
+            return outcome.message
     return "no result"
 
 

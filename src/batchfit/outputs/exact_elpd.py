@@ -19,6 +19,7 @@ import numpy as np
 from arviz_stats.loo import SamplingWrapper
 
 from batchfit.fitting.refit_records import HELD_OUT_DIM, KFOLD, RELOO
+from batchfit.records import fit_attributes
 
 PARETO_K = 0.7  # above it, PSIS-LOO's estimate for an observation is unreliable (Vehtari et al. 2024)
 
@@ -49,14 +50,15 @@ def fit_loo(path: Path, tree: Any = None) -> FitLoo:
     elpd = arviz_stats.loo(tree, pointwise=True)
     k = np.asarray(elpd.pareto_k)
     flagged = tuple(int(i) for i in np.flatnonzero(k.reshape(-1) > PARETO_K))
-    rows = tree.attrs.get("rows")
+    rows = tree.attrs.get(fit_attributes.ROWS)
     problem = ""
     if k.ndim != 1:
         problem = f"its log-likelihood has {k.ndim} observation dimensions; the exact methods hold out rows"
     elif rows is None or int(rows) != k.size:
         problem = (f"its log-likelihood has {k.size} values for the dataset's {rows} rows; the exact methods hold "
                    "out rows, so they need one observation per row")
-    return FitLoo(elpd, flagged, str(tree.attrs.get("provenance", "")), str(tree.attrs.get("structure", "")), problem)
+    return FitLoo(elpd, flagged, str(tree.attrs.get(fit_attributes.PROVENANCE, "")),
+                  str(tree.attrs.get(fit_attributes.STRUCTURE, "")), problem)
 
 
 class StoredRefits(SamplingWrapper):

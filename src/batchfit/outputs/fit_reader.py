@@ -13,6 +13,7 @@ from batchfit.fitting.sampler_health import sampler_diagnostics
 from batchfit.outputs.combined import (
     decoded_group,
 )
+from batchfit.records.fit_attributes import check_format
 
 log = logging.getLogger("batchfit")
 
@@ -46,9 +47,7 @@ def read_fit(dataset_id: str, path: str | Path) -> tuple[xr.Dataset, dict[str, f
                 raise DatasetError("fit has no sample_stats/diverging variable", dataset=dataset_id, path=path)
             root_attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
             diagnostics = sampler_diagnostics(nc["sample_stats"])
-            recorded = root_attrs.get("dataset", dataset_id)
-            if recorded != dataset_id:
-                raise DatasetError(f"fit file is for dataset '{recorded}'", dataset=dataset_id, path=path)
+            check_format(root_attrs, dataset_id, path)
             posterior = decoded_group(nc["posterior"])  # through the open file, not opening it again
         posterior.attrs = {**posterior.attrs, **root_attrs}
         return posterior, diagnostics

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from batchfit.fitting.sampler_health import HealthThresholds, threshold_reasons
+from batchfit.records import fit_attributes
 
 log = logging.getLogger("batchfit")
 
@@ -53,7 +54,7 @@ def score_health(
 def recorded_rows(attrs: Mapping[str, Any]) -> int | None:
     """The dataset's rows a fit recorded (None in a fit written before they were)."""
     try:
-        return int(attrs["rows"])
+        return int(attrs[fit_attributes.ROWS])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -61,17 +62,18 @@ def recorded_rows(attrs: Mapping[str, Any]) -> int | None:
 def fitted_row(dataset_id: str, attrs: Mapping[str, Any], health: Mapping[str, Any]) -> dict[str, Any]:
     """datasets.csv's row of a fitted dataset, from its fit's attributes and its `score_health`."""
     return {
-        "dataset": dataset_id, "path": attrs.get("source", ""), "rows": attrs.get("rows", ""),
+        "dataset": dataset_id, "path": attrs.get(fit_attributes.SOURCE, ""), "rows": attrs.get(fit_attributes.ROWS, ""),
         **{name: attrs.get(name, "") for name in DROPPED}, "groups": attrs.get("groups", ""),
         "status": health["status"], "message": "; ".join(health["reasons"]),
-        "stage": "", "structure": str(attrs.get("structure", ""))[:12], "sampler_path": attrs.get("sampler_path", ""),
-        "fallback": attrs.get("fallback", ""), "seed": attrs.get("seed", ""),
+        "stage": "", "structure": str(attrs.get(fit_attributes.STRUCTURE, ""))[:12],
+        "sampler_path": attrs.get("sampler_path", ""),
+        "fallback": attrs.get(fit_attributes.FALLBACK, ""), "seed": attrs.get("seed", ""),
         **{name: health[name] for name in DIAGNOSTICS}, "wall_seconds": attrs.get("wall_seconds", ""),
     }
 
 
 def failed_row(record: Mapping[str, str]) -> dict[str, Any]:
-    """datasets.csv's row of a failed dataset, from its failure record (`batchfit.fitting.outcome.read_failure`)."""
+    """datasets.csv's row of a failed dataset, from its failure record (`FailureRecord.row`)."""
     return {"dataset": record["dataset"], "path": record.get("path", ""), "rows": record.get("rows", ""),
             **{name: record.get(name, "") for name in DROPPED}, "groups": record.get("groups", ""),
             "status": "failed", "message": record.get("message", ""), "stage": record.get("stage", "")}

@@ -18,13 +18,13 @@ from batchfit.config import Config
 from batchfit.data.discovery import source_of
 from batchfit.errors import BatchfitError, DatasetError, is_expected, one_line, reason_of
 from batchfit.fitting.fitter import prepare
-from batchfit.fitting.outcome import Outcome
 from batchfit.model.model_file import load_model_file
 from batchfit.predictions.fit_draws import read_fit_draws
 from batchfit.predictions.inputs import OWN_FILES, Expected, PredictInputs
 from batchfit.predictions.new_data import new_data_reader, new_inputs
 from batchfit.predictions.predictor import Predictor
 from batchfit.predictions.records import record_failed_prediction, write_predict_manifest, write_prediction
+from batchfit.records.manifest import Outcome
 
 log = logging.getLogger("batchfit")
 

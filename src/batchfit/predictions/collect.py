@@ -8,7 +8,6 @@ since: then they are computed again from its predictions.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,11 +16,12 @@ import pandas as pd
 
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
-from batchfit.fitting.outcome import FAILURE_COLUMNS, read_failure
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import copy_file, job_output
 from batchfit.predictions.provenance import record_prediction
 from batchfit.predictions.table import collect_table, prediction_rows, rows_header, stat_columns, write_rows
+from batchfit.records.failure import FAILURE_COLUMNS, FailureRecord
+from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
 log = logging.getLogger("batchfit")
 
@@ -39,7 +39,7 @@ def collect_predictions(config: Config, predicted: Sequence[str], batch_outputs:
                 _rows_again(config, dataset_id)
             parts.append(rows)
         elif layout.prediction_failure(dataset_id).exists():
-            failed.append(read_failure(dataset_id, layout.prediction_failure(dataset_id)))
+            failed.append(FailureRecord.read_of(dataset_id, layout.prediction_failure(dataset_id)).row())
     n_rows = collect_table(parts, layout.predictions_csv, config.summary)
     with atomic_path(layout.prediction_failures_csv) as tmp:
         pd.DataFrame(failed, columns=FAILURE_COLUMNS).to_csv(tmp, index=False)
@@ -73,7 +73,7 @@ def adopt_predict_outputs(layout: ResultsLayout, directories: Iterable[str | Pat
         job, manifest, dataset_ids = job_output(directory, lambda job: job.predict_manifests, "predict")
         for dataset_id in dataset_ids:
             if job.prediction(dataset_id).exists():
-                digest = json.loads(job.prediction_sidecar(dataset_id).read_text())["provenance"]
+                digest = ProvenanceSidecar.read(job.prediction_sidecar(dataset_id)).provenance
                 layout.prediction_sidecar(dataset_id).unlink(missing_ok=True)
                 copy_file(job.prediction(dataset_id), layout.prediction(dataset_id))
                 copy_file(job.prediction_rows(dataset_id), layout.prediction_rows(dataset_id))

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from batchfit.errors import DatasetError
+from batchfit.records import fit_attributes
 
 # netCDF4's attribute of a dimension that has no coordinate variable of its own
 _PHONY_DIMENSION = b"This is a netCDF dimension but not a netCDF variable"
-# What a prediction reads of the fit's root attributes (`batchfit.fitting.fitter.Fitter.finish`).
-_RECORDED = ("dataset", "structure", "provenance")
+# What a prediction reads of the fit's root attributes.
+_RECORDED = (fit_attributes.FORMAT, fit_attributes.DATASET, fit_attributes.STRUCTURE, fit_attributes.PROVENANCE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,12 +40,12 @@ class FitDraws:
     @property
     def structure(self) -> str:
         """The structure the fit's model had ('' for a fit that did not record it)."""
-        return str(self.attrs.get("structure", ""))
+        return str(self.attrs.get(fit_attributes.STRUCTURE, ""))
 
     @property
     def provenance(self) -> str:
         """The fit's provenance digest ('' for a fit that did not record it)."""
-        return str(self.attrs.get("provenance", ""))
+        return str(self.attrs.get(fit_attributes.PROVENANCE, ""))
 
     @property
     def n_chains(self) -> int:
@@ -97,9 +98,7 @@ def read_fit_draws(dataset_id: str, path: str | Path) -> FitDraws:
             attrs = {key: _text(nc.attrs[key]) for key in _RECORDED if key in nc.attrs}
     except (OSError, ValueError, KeyError) as exc:
         raise DatasetError(f"cannot read the fit: {exc}", dataset=dataset_id, path=path) from exc
-    recorded = attrs.get("dataset", dataset_id)
-    if recorded != dataset_id:
-        raise DatasetError(f"the fit is for dataset '{recorded}'", dataset=dataset_id, path=path)
+    fit_attributes.check_format(attrs, dataset_id, path)
     if "chain" not in posterior_coords or "draw" not in posterior_coords:
         raise DatasetError("the fit's posterior has no chain and draw coordinates", dataset=dataset_id, path=path)
     return FitDraws(dataset_id, path, posterior, constant, {**constant_coords, **posterior_coords}, attrs)

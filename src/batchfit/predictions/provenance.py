@@ -13,7 +13,6 @@ in no fit's digest).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from batchfit.config import Config, config_to_dict
 from batchfit.data.discovery import PREDICT_DATA, table_scans
 from batchfit.fitting.provenance import DigestCache, Provenance, SweepParts, versions
 from batchfit.layout import ResultsLayout
+from batchfit.records.fit_attributes import recorded_digest
+from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
 # The code a prediction comes from, besides what its fit's digest covers.
 PREDICT_CODE = ("predictions",)
@@ -69,9 +70,8 @@ def expected_prediction_digests(config: Config, fit_digests: Mapping[str, str], 
 
 def record_prediction(layout: ResultsLayout, dataset_id: str, digest: str) -> None:
     """Write the sidecar of a prediction just written: its digest, and the file's size and modification time."""
-    stat = layout.prediction(dataset_id).stat()
-    data = {"dataset": dataset_id, "provenance": digest, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    layout.prediction_sidecar(dataset_id).write_text(json.dumps(data, indent=1))
+    ProvenanceSidecar.describing(layout.prediction(dataset_id), dataset_id, digest).write(
+        layout.prediction_sidecar(dataset_id))
 
 
 def recorded_prediction(layout: ResultsLayout, dataset_id: str) -> str | None:
@@ -82,16 +82,10 @@ def recorded_prediction(layout: ResultsLayout, dataset_id: str) -> str | None:
         stat = path.stat()
     except FileNotFoundError:
         return None
+    digest = ProvenanceSidecar.digest_for(layout.prediction_sidecar(dataset_id), stat)
+    if digest is not None:
+        return digest
     try:
-        side = json.loads(layout.prediction_sidecar(dataset_id).read_text())
-        if [side["size"], side["mtime_ns"]] == [stat.st_size, stat.st_mtime_ns]:
-            return side["provenance"]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
-    try:
-        import netCDF4
-
-        with netCDF4.Dataset(path) as nc:
-            return nc.getncattr("provenance") if "provenance" in nc.ncattrs() else None
+        return recorded_digest(path)
     except OSError:
         return None

@@ -5,24 +5,23 @@ A dataset's rows of predictions.csv are written first, then its predictions atom
 `batchfit.fitting.fit_file.write_fit`), then the sidecar with its provenance digest: a job killed in
 between leaves no prediction, or one without a sidecar, which the plan then reads itself. A failure removes the
 dataset's older predictions (stale now) and records why in ``predictions/failed/{id}.json``, in the
-format of a fit's failure record (`batchfit.fitting.outcome`).
+format of a fit's failure record (`batchfit.records.failure`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.fitting.fit_file import write_fit
-from batchfit.fitting.outcome import Outcome
 from batchfit.layout import ResultsLayout
 from batchfit.predictions.predictor import Prediction
 from batchfit.predictions.provenance import record_prediction
 from batchfit.predictions.table import input_columns, prediction_rows
+from batchfit.records.failure import FailureRecord
+from batchfit.records.fit_attributes import PROVENANCE
+from batchfit.records.manifest import BatchManifest, Outcome
 
 
 def write_prediction(config: Config, dataset_id: str, prediction: Prediction, digest: str) -> None:
@@ -38,7 +37,7 @@ def write_prediction(config: Config, dataset_id: str, prediction: Prediction, di
                            input_columns(inputs, prediction.read, prediction.filled), inputs.n_rows, config.summary)
     layout.predictions.mkdir(parents=True, exist_ok=True)
     rows.to_csv(layout.prediction_rows(dataset_id), index=False)
-    prediction.tree.attrs["provenance"] = digest
+    prediction.tree.attrs[PROVENANCE] = digest
     write_fit(prediction.tree, layout.prediction(dataset_id))
     record_prediction(layout, dataset_id, digest)
     layout.prediction_failure(dataset_id).unlink(missing_ok=True)
@@ -49,20 +48,10 @@ def record_failed_prediction(config: Config, outcome: Outcome, path: Path | None
     layout = config.layout
     for stale in (layout.prediction_sidecar, layout.prediction, layout.prediction_rows):
         stale(outcome.dataset).unlink(missing_ok=True)
-    record = {"dataset": outcome.dataset, "path": str(path) if path else "", "stage": outcome.stage,
-              "error_type": outcome.error_type, "message": outcome.message, "reason": outcome.reason,
-              "traceback": outcome.traceback}
-    target = layout.prediction_failure(outcome.dataset)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(target) as tmp:
-        tmp.write_text(json.dumps(record, indent=1))
+    FailureRecord.of(outcome, path).write(layout.prediction_failure(outcome.dataset))
 
 
 def write_predict_manifest(layout: ResultsLayout, batch_id: str, lines: Sequence[str],
                            outcomes: Sequence[Outcome]) -> None:
     """A predict job's declared output: how its forward functions were obtained, and each dataset's outcome."""
-    data = {"batch": batch_id, "forward": list(lines), "datasets": {o.dataset: dataclasses.asdict(o) for o in outcomes}}
-    target = layout.predict_manifest(batch_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(target) as tmp:
-        tmp.write_text(json.dumps(data, indent=1))
+    BatchManifest.of(batch_id, list(outcomes), forward=tuple(lines)).write(layout.predict_manifest(batch_id))

@@ -10,7 +10,6 @@ a results directory of its own, which collect adopts (`batchfit.outputs.adopt`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from batchfit.errors import BatchfitError
 from batchfit.fitting.batch import fit_batch
 from batchfit.fitting.job_inputs import JobInputs, stage_inputs
 from batchfit.fitting.outcome import BatchReport
+from batchfit.records.compile_stamp import CompileStamp
 from batchfit.sweep.plan import still_pending, sweep_plan
 
 
@@ -43,5 +43,5 @@ def stage_fit_job(config: Config, batch: str, stamp: Path, directory: Path) -> N
     plan = sweep_plan(config, job=True)  # the one this run recorded
     if batch not in plan.batches:
         raise BatchfitError(f"batch {batch} is not in the sweep's plan ({config.layout.plan})")
-    reference = json.loads(Path(stamp).read_text()).get("reference_dataset")
+    reference = CompileStamp.read(stamp).reference_dataset
     stage_inputs(config, plan.datasets, plan.batches[batch], reference, directory)

@@ -9,20 +9,18 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from batchfit import __version__
-from batchfit.common.atomic import write_json
 from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import Config
 from batchfit.data.discovery import DatasetIndex, discover_datasets
-from batchfit.errors import BatchfitError
 from batchfit.fitting.fit_register import FIT, FitRegister, files_entry, settle
 from batchfit.fitting.provenance import expected_digests, write_planned
 from batchfit.model.imports import user_imports
 from batchfit.outputs.orphans import move_orphans
 from batchfit.predictions.provenance import predict_parts
-from batchfit.settings import AUTO, TableSource
+from batchfit.records.plan import PlanRecord
+from batchfit.settings import AUTO
 
 log = logging.getLogger("batchfit")
 
@@ -125,28 +123,21 @@ def write_plan(config: Config, sweep: Plan) -> None:
     move the outputs of datasets no longer in the sweep out of the way (`move_orphans`)."""
     move_orphans(config.layout, list(sweep.datasets))
     settle(config.layout, sweep.datasets)  # what the last run's fit jobs changed, if its collect did not run
-    write_json(config.layout.plan, plan_record(sweep))
+    plan_record(sweep).write(config.layout.plan)
     write_planned(config)
 
 
-def plan_record(sweep: Plan) -> dict[str, Any]:
-    """The plan as ``plan.json`` keeps it (`read_plan` reads it): each dataset's file, each table group's table
-    and key values, and the batches."""
+def plan_record(sweep: Plan) -> PlanRecord:
+    """The plan as ``plan.json`` keeps it (`read_plan` reads it)."""
     datasets = sweep.datasets
     index = datasets if isinstance(datasets, DatasetIndex) else DatasetIndex(datasets.items())
-    tables = index.tables
-    number = {table: n for n, table in enumerate(tables)}
-    groups = {d: [number[g[0]], list(g[1])] for d in index if (g := index.group(d)) is not None}
-    return {"datasets": {d: str(p) for d, p in datasets.items()}, "batches": sweep.batches,
-            "tables": [{"table": str(t.table), "by": list(t.by)} for t in tables], "groups": groups}
+    groups = {d: g for d in index if (g := index.group(d)) is not None}
+    return PlanRecord({d: str(p) for d, p in datasets.items()}, groups, sweep.batches)
 
 
-def read_plan(record: Mapping[str, Any]) -> Plan:
+def read_plan(record: PlanRecord) -> Plan:
     """The plan a `plan_record` describes."""
-    tables = [TableSource(Path(t["table"]), tuple(t["by"])) for t in record.get("tables", [])]
-    groups = {d: (tables[n], tuple(key)) for d, (n, key) in record.get("groups", {}).items()}
-    return Plan(DatasetIndex(record["datasets"].items(), groups=groups),
-                {b: list(ids) for b, ids in record["batches"].items()})
+    return Plan(DatasetIndex(record.datasets.items(), groups=record.groups), record.batches)
 
 
 def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
@@ -161,11 +152,7 @@ def sweep_plan(config: Config, *, job: bool, cores: int | None = 1) -> Plan:
     path = config.layout.plan
     if not job or not path.exists():
         return plan(config, cores)
-    try:
-        return read_plan(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BatchfitError(f"the sweep's plan {path} is unreadable ({exc}); delete it and run the sweep "
-                            "again") from exc
+    return read_plan(PlanRecord.read(path))
 
 
 def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:

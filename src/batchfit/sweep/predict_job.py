@@ -10,18 +10,18 @@ collect_predictions adopts.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from batchfit.config import Config
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
-from batchfit.fitting.outcome import Outcome
 from batchfit.predictions.batch import predict_batch
 from batchfit.predictions.collect import collect_predictions
 from batchfit.predictions.inputs import PredictInputs, stage_predict_inputs
 from batchfit.predictions.plots import write_prediction_plots
+from batchfit.records.compile_stamp import CompileStamp
+from batchfit.records.manifest import Outcome
 from batchfit.sweep.plan import sweep_plan
 from batchfit.sweep.predict_plan import (
     predict_batch_id,
@@ -54,7 +54,7 @@ def stage_predict_job(config: Config, batch: str, stamp: Path, directory: Path) 
     plan = sweep_predict_plan(config, job=True)
     if batch not in plan.batches:
         raise BatchfitError(f"batch {batch} is not in the sweep's prediction plan ({config.layout.predict_plan})")
-    reference = json.loads(Path(stamp).read_text()).get("reference_dataset")
+    reference = CompileStamp.read(stamp).reference_dataset
     stage_predict_inputs(config, sweep_plan(config, job=True).datasets, plan.batches[batch], reference, directory)
 
 

@@ -10,28 +10,41 @@ those datasets. Like the fit plan, the main process records it for the jobs (`wr
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Self
 
-from batchfit.common.atomic import write_json
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
-from batchfit.errors import BatchfitError
 from batchfit.fitting.provenance import expected_digests
 from batchfit.predictions.inputs import Expected
 from batchfit.predictions.new_data import new_data_files
 from batchfit.predictions.provenance import expected_prediction_digests, recorded_prediction
+from batchfit.records.json_record import JsonRecord
 from batchfit.sweep.plan import batch_size
 
 
 @dataclass(frozen=True)
-class PredictPlan:
-    """The datasets predicted, in order, and the batches of those whose predictions are pending."""
+class PredictPlan(JsonRecord):
+    """The datasets predicted, in order, and the batches of those whose predictions are pending; recorded
+    as ``predict_plan.json`` (`write_predict_plan`)."""
+
+    KIND = "prediction plan"
+    VERSION = 1
+    REMEDY = "delete it and run the sweep again"
 
     predicted: list[str]
     batches: dict[str, dict[str, Expected]]
     expected: dict[str, Expected] = field(default_factory=dict)  # every predicted dataset's (not recorded)
+
+    def to_fields(self) -> dict[str, Any]:
+        return {"predicted": self.predicted, "batches": {
+            b: {d: [e.prediction, e.fit] for d, e in members.items()} for b, members in self.batches.items()}}
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Self:
+        return cls(list(fields["predicted"]), {b: {d: Expected(*pair) for d, pair in members.items()}
+                                               for b, members in fields["batches"].items()})
 
 
 def predict_plan(config: Config, cores: int | None = 1, *, record: bool = True) -> PredictPlan:
@@ -71,8 +84,7 @@ def untried_predict_batch(config: Config, expected: Mapping[str, Expected]) -> s
 
 def write_predict_plan(config: Config, plan: PredictPlan) -> None:
     """Record the plan the sweep's predict jobs read (its main process does, when the run starts)."""
-    write_json(config.layout.predict_plan, {"predicted": plan.predicted, "batches": {
-        b: {d: [e.prediction, e.fit] for d, e in members.items()} for b, members in plan.batches.items()}})
+    plan.write(config.layout.predict_plan)
 
 
 def sweep_predict_plan(config: Config, *, job: bool, cores: int | None = 1) -> PredictPlan:
@@ -80,13 +92,7 @@ def sweep_predict_plan(config: Config, *, job: bool, cores: int | None = 1) -> P
     path = config.layout.predict_plan
     if not job or not path.exists():
         return predict_plan(config, cores)
-    try:
-        recorded = json.loads(path.read_text())
-        return PredictPlan(list(recorded["predicted"]), {b: {d: Expected(*pair) for d, pair in members.items()}
-                                                        for b, members in recorded["batches"].items()})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BatchfitError(f"the sweep's prediction plan {path} is unreadable ({exc}); delete it and run again"
-                            ) from exc
+    return PredictPlan.read(path)
 
 
 def still_pending_predictions(config: Config, expected: Mapping[str, Expected]) -> dict[str, Expected]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 
 from batchfit.fitting.lanes import lane_count
+from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
 from batchfit.settings import SamplerSettings
 
 log = logging.getLogger("batchfit")
@@ -15,7 +15,7 @@ log = logging.getLogger("batchfit")
 
 # A fit job's resources: what the compile stage measured (`measure_fit`), scaled to the sweep's
 # sampler and the batch, with margins: sampling time varies between datasets far more than memory.
-# Before any measurement (a compile stamp written by an older batchfit) the defaults apply.
+# Without a measurement (no compile stamp yet, or the reference fit failed) the defaults apply.
 _JOB_START_SECONDS = 120  # imports and cache load: seconds locally, far more on a busy shared filesystem
 
 
@@ -25,7 +25,7 @@ _TIME_MARGIN = 3.0
 _MEMORY_MARGIN = 1.5
 
 
-_UNMEASURED = {"seconds": 60.0, "peak_rss_mb": 2000, "draws": 2000, "chains": 4}
+_UNMEASURED = ReferenceFit(seconds=60.0, peak_rss_mb=2000, draws=2000, chains=4)
 
 
 def fit_resources(sampler: SamplerSettings, n_datasets: int, stamp_path: str | Path, attempt: int = 1,
@@ -38,14 +38,14 @@ def fit_resources(sampler: SamplerSettings, n_datasets: int, stamp_path: str | P
     many datasets at once.
     """
     try:
-        measured = json.loads(Path(stamp_path).read_text()).get("reference_fit") or _UNMEASURED
-    except (OSError, ValueError):
+        measured = CompileStamp.read(stamp_path).reference_fit or _UNMEASURED
+    except FileNotFoundError:
         measured = _UNMEASURED
     s = sampler
-    work = ((s.draws + s.tune) * s.chains) / max(1, measured["draws"] * measured["chains"])
+    work = ((s.draws + s.tune) * s.chains) / max(1, measured.draws * measured.chains)
     lanes = lane_count(threads, s.chains, n_datasets)
-    seconds = _JOB_START_SECONDS + math.ceil(n_datasets / lanes) * measured["seconds"] * work * _TIME_MARGIN
-    return {"mem_mb": math.ceil(measured["peak_rss_mb"] * _MEMORY_MARGIN) * lanes * attempt,
+    seconds = _JOB_START_SECONDS + math.ceil(n_datasets / lanes) * measured.seconds * work * _TIME_MARGIN
+    return {"mem_mb": math.ceil(measured.peak_rss_mb * _MEMORY_MARGIN) * lanes * attempt,
             "runtime": math.ceil(seconds / 60) * attempt}
 
 

@@ -33,6 +33,7 @@ from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
 from batchfit.outputs.orphans import move_orphans
 from batchfit.predictions.ahead import compile_forward_ahead
+from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
 from batchfit.sweep.plan import batch_id, plan
 from batchfit.sweep.sbc.ranks import SBCResult, rank_simulations
 from batchfit.sweep.sbc.simulate import simulate
@@ -42,8 +43,8 @@ from batchfit.variants import variant_configs
 log = logging.getLogger("batchfit")
 
 
-def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | None = None) -> dict[str, Any]:
-    """Fill the cache ahead of the fit jobs with the reference dataset's structure.
+def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | None = None) -> CompileStamp:
+    """Fill the cache ahead of the fit jobs with the reference dataset's structure; return its compile stamp.
 
     ``bundle``: where to also write that structure's entry as a compiled bundle, which the fit jobs
     install from when their cache lacks it (`batchfit.cache.bundle`: no shared filesystem).
@@ -68,9 +69,9 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
     fitter.check_settings(structure, ref.model, ref.dataset, reference=True)
     measured, tree = measure_fit(config, fitter)
     forward = compile_forward_ahead(config, ref, cache, tree) if tree is not None else None
-    stamp = {"key": structure.key, "structure": structure.id, "path": structure.path,
-             "reference_dataset": ref.dataset.id, "line": fitter.compile_line,
-             "reference_fit": measured, "forward_key": forward}
+    stamp = CompileStamp(key=structure.key, structure=structure.id, path=structure.path,
+                         reference_dataset=ref.dataset.id, line=fitter.compile_line, reference_fit=measured,
+                         forward_key=forward)
     if bundle is not None:  # after the measured fit, which may fill PyTensor's cache further
         keys = [structure.key] if structure.compiled is not None else []
         entries = {key: read_entry(cache, key) for key in [*keys, *([forward] if forward else [])]}
@@ -84,7 +85,7 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
 REFERENCE_ITERATIONS = 100
 
 
-def measure_fit(config: Config, fitter: Any) -> tuple[dict[str, Any] | None, Any]:
+def measure_fit(config: Config, fitter: Any) -> tuple[ReferenceFit | None, Any]:
     """Fit the reference dataset once (not kept) and measure it: what a fit job's resources scale from.
 
     ``fitter`` holds the reference structure, just compiled. A short fit (`REFERENCE_ITERATIONS`
@@ -115,8 +116,8 @@ def measure_fit(config: Config, fitter: Any) -> tuple[dict[str, Any] | None, Any
     posterior = tree["posterior"]  # a DataTree's group (nutpie's path) or a Dataset
     per_draw_mb = getattr(posterior, "dataset", posterior).nbytes / 2**20 / short.draws if short.draws else 0.0
     longer_posterior_mb = per_draw_mb * (s.draws - short.draws)
-    return {"seconds": round(seconds, 3), "peak_rss_mb": round(peak_mb + longer_posterior_mb),
-            "draws": short.draws + short.tune, "chains": s.chains}, tree
+    return ReferenceFit(seconds=round(seconds, 3), peak_rss_mb=round(peak_mb + longer_posterior_mb),
+                        draws=short.draws + short.tune, chains=s.chains), tree
 
 
 def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads: int = 1) -> int:

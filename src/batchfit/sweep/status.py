@@ -7,7 +7,6 @@ coding and data-digest caches the plan keeps are read, not updated).
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import time
@@ -17,10 +16,11 @@ from pathlib import Path
 from batchfit.common.grouping import grouped_lines
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
-from batchfit.errors import DatasetError
+from batchfit.errors import DatasetError, RecordError
 from batchfit.fitting.fit_register import FitRegister
-from batchfit.fitting.outcome import failure_reason
 from batchfit.fitting.provenance import expected_digests
+from batchfit.records.failure import FailureRecord
+from batchfit.records.manifest import BatchManifest
 from batchfit.sweep.verdict import fitted_text
 from batchfit.variants import configs_of, one_variant
 
@@ -162,21 +162,19 @@ def _failure_message(config: Config, dataset_id: str, *, reason: bool = False) -
     """A failed dataset's stage and message (its record's reason, without the dataset, if ``reason``);
     None without a failure record."""
     try:
-        record = json.loads(config.layout.failure(dataset_id).read_text())
+        record = FailureRecord.read(config.layout.failure(dataset_id))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        return f"unreadable failure record {config.layout.failure(dataset_id)}: {exc}"
-    if reason:
-        return f"at {record.get('stage')}: {failure_reason(record)}"
-    return f"at {record.get('stage')}: {record.get('message')}"
+    except (OSError, RecordError) as exc:
+        return str(exc)
+    return f"at {record.stage}: {record.why if reason else record.message}"
 
 
 def _failure_traceback(config: Config, dataset_id: str) -> str:
     """The traceback a failure record keeps (the model's own frames, or batchfit's bug's), '' if none."""
     try:
-        return str(json.loads(config.layout.failure(dataset_id).read_text()).get("traceback") or "")
-    except (OSError, ValueError, AttributeError):
+        return FailureRecord.read(config.layout.failure(dataset_id)).traceback
+    except (OSError, RecordError):
         return ""
 
 
@@ -212,10 +210,10 @@ def _fallbacks(config: Config, fitted: list[str]) -> dict[str, list[str]]:
     latest: dict[str, str] = {}
     for path in sorted(config.layout.batches.glob("*.json"), key=lambda p: _mtime_ns(p) or 0):
         try:
-            outcomes = json.loads(path.read_text())["datasets"]
-            latest.update({d: str(o.get("fallback", "")) for d, o in outcomes.items() if o.get("status") == "ok"})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            outcomes = BatchManifest.read(path).datasets
+        except (OSError, RecordError):
             continue  # a manifest being written, or damaged: the others suffice
+        latest.update({d: o.fallback for d, o in outcomes.items() if o.status == "ok"})
     found: dict[str, list[str]] = {}
     for dataset_id in fitted:
         if latest.get(dataset_id):
@@ -228,10 +226,10 @@ def _timed_fits(config: Config) -> list[float]:
     seconds = []
     for path in config.layout.batches.glob("*.json"):
         try:
-            outcomes = json.loads(path.read_text())["datasets"].values()
-            seconds += [float(o["seconds"]) for o in outcomes if o.get("status") == "ok"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            outcomes = BatchManifest.read(path).datasets.values()
+        except (OSError, RecordError):
             continue  # a manifest being written, or damaged: the others suffice
+        seconds += [float(o.seconds) for o in outcomes if o.status == "ok"]
     return seconds
 
 

@@ -11,7 +11,6 @@ every sweep's end.
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
@@ -20,8 +19,9 @@ from batchfit.common.atomic import atomic_path
 from batchfit.common.grouping import grouped_lines
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
-from batchfit.fitting.outcome import failure_reason
+from batchfit.errors import RecordError
 from batchfit.fitting.sampler_health import threshold_of
+from batchfit.records.failure import FailureRecord, failure_reason
 
 OK, WARNING = "ok", "warning"  # datasets.csv's statuses of a fitted dataset
 
@@ -34,9 +34,9 @@ def failure_report(config: Config) -> str | None:
     for path in sorted(config.layout.failures.glob("*.json")):
         if path.stem in datasets:
             try:
-                reasons[path.stem] = failure_reason(json.loads(path.read_text()))
-            except (OSError, ValueError, AttributeError) as exc:
-                reasons[path.stem] = f"unreadable failure record {path}: {exc}"
+                reasons[path.stem] = FailureRecord.read(path).why
+            except (OSError, RecordError) as exc:
+                reasons[path.stem] = str(exc)
     if not reasons:
         return None
     groups = grouped_lines(reasons)

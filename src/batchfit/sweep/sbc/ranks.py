@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from batchfit.data.discovery import discover_datasets
 from batchfit.errors import BatchfitError, ModelContractError
 from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import dataset_seed
-from batchfit.fitting.outcome import read_failure
 from batchfit.fitting.provenance import expected_digests
 from batchfit.model.variables import OBSERVATION_SIZED, ROLE_ATTR
 from batchfit.outputs.fit_reader import group_dataset
+from batchfit.records.failure import FailureRecord
+from batchfit.records.simulation_truth import SimulationTruth
 from batchfit.sweep.sbc.pit import Ranked, element_prob, pit_values, simultaneous_band
 from batchfit.sweep.sbc.plots import plot_ranks
 from batchfit.sweep.sbc.simulate import generator_file
@@ -81,7 +81,7 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
     fitted, failed, missing = [], {}, []
     for sim in datasets:
         if register.failed(sim):
-            failed[sim] = read_failure(sim, sweep.layout.failure(sim)).get("message", "")
+            failed[sim] = FailureRecord.read_of(sim, sweep.layout.failure(sim)).message or ""
         elif register.digest(sim) == expected[sim]:
             fitted.append(sim)
         else:
@@ -124,9 +124,8 @@ def _ranks(config: Config, fitted: Sequence[str]) -> tuple[dict[str, np.ndarray]
     dims: dict[str, tuple[str, ...]] = {}
     n_draws = 0
     for sim in fitted:
-        record = json.loads(config.layout.sbc.truth(sim).read_text())
-        truth = record["truth"]
-        truth_coords = record.get("coords", {})  # none in truth files written before they were recorded
+        record = SimulationTruth.read(config.layout.sbc.truth(sim))
+        truth, truth_coords = record.truth, record.coords
         with netCDF4.Dataset(sweep.layout.fit(sim)) as nc:
             nc.set_auto_mask(False)
             posterior = group_dataset(nc["posterior"]).isel(draw=slice(None, None, config.sbc.thin))

@@ -17,12 +17,13 @@ from batchfit.common.hashing import file_sha256
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset
 from batchfit.data.discovery import table_kind
-from batchfit.errors import ConfigError, ModelContractError
+from batchfit.errors import ConfigError, ModelContractError, RecordError
 from batchfit.fitting.fitter import dataset_seed
 from batchfit.fitting.provenance import versions
 from batchfit.model.imports import user_imports
 from batchfit.model.model_file import build_model, load_model_file
 from batchfit.model.python_mode import python_mode
+from batchfit.records.simulation_truth import SimulationTruth
 from batchfit.sweep.sbc.sweep import (
     VALUES_KEY,
     data_paths,
@@ -170,12 +171,10 @@ def simulate(config: Config) -> SimulationReport:
     for sim in todo:
         truth, observed = simulator.draw(sim)
         write_simulated(simulator.dataset, observed, paths[sim], exclude=set(config.params) | set(_side_names(config)))
-        record = {"simulation": sim, "digest": digests[sim], "data_sha256": file_sha256(paths[sim]),
-                  "generator": str(generator_file(config)), "template": simulator.dataset.id,
-                  "truth": {name: value.tolist() for name, value in truth.items()},
-                  "coords": simulator.coords}
-        with atomic_path(config.layout.sbc.truth(sim)) as tmp:  # last: a killed run leaves the simulation to redo
-            tmp.write_text(json.dumps(record))
+        record = SimulationTruth(sim, digests[sim], file_sha256(paths[sim]), str(generator_file(config)),
+                                 simulator.dataset.id, {name: value.tolist() for name, value in truth.items()},
+                                 simulator.coords)
+        record.write(config.layout.sbc.truth(sim))  # last: a killed run leaves the simulation to redo
     return SimulationReport(len(todo), len(paths) - len(todo))
 
 
@@ -183,9 +182,9 @@ def _up_to_date(config: Config, sim_id: str, data: Path, digest: str) -> bool:
     """Whether the simulation's truth file records ``digest`` and the data file it wrote."""
 
     try:
-        record = json.loads(config.layout.sbc.truth(sim_id).read_text())
-        return record["digest"] == digest and record["data_sha256"] == file_sha256(data)
-    except (OSError, ValueError, KeyError, TypeError):
+        record = SimulationTruth.read(config.layout.sbc.truth(sim_id))
+        return record.digest == digest and record.data_sha256 == file_sha256(data)
+    except (OSError, RecordError):  # none yet, or an older or damaged one: drawn again
         return False
 
 
