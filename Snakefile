@@ -1,5 +1,5 @@
-# batchfit's bundled examples: batchfit's workflow (src/batchfit/workflow/) used as a Snakemake module,
-# as in a `batchfit init` project, with the example's config.
+# batchfit's bundled examples: the installed batchfit's workflow (with ./setup.sh's editable install,
+# src/batchfit/workflow/) used as a Snakemake module, as in a `batchfit init` project, with the example's config.
 #   snakemake --cores 2                                   # the bundled example (config/config.yaml)
 #   snakemake --cores 2 --configfile config/nes.yaml      # another sweep
 #   snakemake --cores 2 --directory .test                 # the small sweep CI runs (.test/config/)
