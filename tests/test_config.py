@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
+import re
 import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from snakemake.utils import validate as snakemake_validate
@@ -402,16 +403,21 @@ def test_every_setting_is_documented_in_the_config_readme() -> None:
                 assert f"`{where}.{name}`".replace("`.", "`") in readme, f"{where}.{name}"
 
 
-def test_workflow_schema_is_a_relative_symlink_to_the_packaged_schema() -> None:
-    link = REPO / "workflow" / "schemas" / "config.schema.yaml"
-    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
-    assert link.resolve() == (REPO / "src" / "batchfit" / "config.schema.yaml").resolve()
+def workflow_schema() -> Path:
+    """The schema file the workflow's Snakemake `validate` reads (rules/common.smk)."""
+    rules = REPO / "src" / "batchfit" / "workflow" / "rules"
+    [path] = re.findall(r'validate\(config, "([^"]+)"\)', (rules / "common.smk").read_text())
+    return rules / path
+
+
+def test_the_workflow_validates_against_the_schema_batchfit_reads() -> None:
+    assert yaml.safe_load(workflow_schema().read_text()) == config_schema()
 
 
 @pytest.mark.parametrize("data", [MINIMAL, with_change("sampler.draws", 5), FULL])
 def test_snakemake_validate_fills_the_same_defaults(data: dict) -> None:
     config = copy.deepcopy(data)
-    snakemake_validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    snakemake_validate(config, str(workflow_schema()))
     assert config_from_dict(config) == config_from_dict(data)
     # the one default a config resolves: log_likelihood null is on with variants, off without (#48)
     resolved = config_to_dict(config_from_dict(data))

@@ -9,7 +9,9 @@ from pathlib import Path
 from testkit import REPO
 
 BIN = Path(sys.executable).parent
-WORKFLOW = ["Snakefile", *sorted(str(p.relative_to(REPO)) for p in (REPO / "workflow" / "rules").glob("*.smk"))]
+WORKFLOW_DIR = REPO / "src" / "batchfit" / "workflow"
+WORKFLOW = [str(p.relative_to(REPO)) for p in [REPO / "Snakefile", WORKFLOW_DIR / "Snakefile",
+                                                *sorted((WORKFLOW_DIR / "rules").glob("*.smk"))]]
 
 
 def run(*command: str) -> subprocess.CompletedProcess:
@@ -17,7 +19,7 @@ def run(*command: str) -> subprocess.CompletedProcess:
 
 
 def test_ruff_is_clean():
-    proc = run(str(BIN / "ruff"), "check", "src", "tests", "scripts", "benchmarks")
+    proc = run(str(BIN / "ruff"), "check", "src", "tests", "benchmarks")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -38,6 +40,14 @@ def test_snakemake_lint_is_clean():
 def test_the_workflow_is_formatted_as_snakefmt_formats_it():
     proc = run(str(BIN / "snakefmt"), "--check", *WORKFLOW)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_repository_holds_no_symlink():
+    """The workflow lives in the package as files: a link would be a copy in a wheel or a zip, a text file
+    in a Windows clone, and would make two places of one."""
+    proc = run("git", "ls-files", "--stage")
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split("\t", 1)[1] for line in proc.stdout.splitlines() if line.startswith("120000 ")] == []
 
 
 def test_no_module_is_over_the_size_a_reader_takes_in():

@@ -100,6 +100,23 @@ def test_init_beside_the_users_data_writes_no_example_data_and_says_so(tmp_path)
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "model.py").is_file()
 
 
+def test_the_template_model_is_the_bundled_example():
+    """`batchfit init`'s model is a copy of models/hierarchical.py (the wheel has no models/): one example."""
+    template = REPO / "src" / "batchfit" / "template" / "model.py.template"
+    assert template.read_text() == (REPO / "models" / "hierarchical.py").read_text()
+
+
+def _code(snakefile: Path) -> list[str]:
+    return [line for line in snakefile.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_repositorys_snakefile_is_a_projects_with_the_examples_config():
+    """The repository runs batchfit's workflow as a `batchfit init` project does: the package's, as a module."""
+    project = _code(REPO / "src" / "batchfit" / "template" / "Snakefile")
+    assert _code(REPO / "Snakefile") == [line.replace('"config.yaml"', '"config/config.yaml"') for line in project]
+    assert batchfit.workflow_snakefile() == REPO / "src" / "batchfit" / "workflow" / "Snakefile"
+
+
 def test_init_cli_twice_fails_with_a_clear_message(tmp_path):
     first = subprocess.run([str(BIN / "batchfit"), "init", str(tmp_path / "p")], capture_output=True, text=True,
                            timeout=300)
@@ -115,22 +132,18 @@ def test_init_cli_twice_fails_with_a_clear_message(tmp_path):
 @pytest.mark.slow
 def test_wheel_ships_the_workflow_and_a_project_runs_it_from_there(tmp_path):
     source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "Snakefile", "src", "workflow", "scripts", "models"):
-        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
-        copy(REPO / name, source / name, **({"symlinks": True} if copy is shutil.copytree else {}))
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
                             "-w", str(tmp_path / "dist"), "-q"], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     [wheel] = (tmp_path / "dist").glob("batchfit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in REPO.glob("workflow/**/*"):
-        if path.is_file():
-            assert f"batchfit/workflow/{path.relative_to(REPO)}" in names
-    for path in [REPO / "Snakefile", *REPO.glob("scripts/*.py")]:
-        assert f"batchfit/workflow/{path.relative_to(REPO)}" in names
-    template = {"batchfit/template/Snakefile", "batchfit/template/model.py.template", "batchfit/template/gitignore"}
-    assert template | {"batchfit/config.schema.yaml"} <= names
+    package = REPO / "src" / "batchfit"
+    shipped = {str(path.relative_to(package.parent)) for folder in ("workflow", "template")
+               for path in (package / folder).rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    assert "batchfit/workflow/Snakefile" in shipped and shipped - names == set()
 
     site = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), "-q",

@@ -29,7 +29,8 @@ from testkit import REPO, write_config
 # The README's command for a cluster without accounting (no slurmdbd, as here), run in a copy of
 # the project: the test's own settings come from a user profile (SNAKEMAKE_PROFILE), as a
 # user's account and partition would.
-README_COMMAND = ["--workflow-profile", "workflow/profiles/slurm", "--configfile", "config/test-sweep.yaml"]
+PROFILES = Path("src", "batchfit", "workflow", "profiles")
+README_COMMAND = ["--workflow-profile", str(PROFILES / "slurm"), "--configfile", "config/test-sweep.yaml"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 PID_FILES = {"slurmctld": Path("/run/slurm/slurmctld.pid"), "slurmd": Path("/run/slurm/slurmd.pid")}
@@ -167,11 +168,12 @@ def slurm() -> Iterator[None]:
 
 def project_copy(root: Path, cache: Path, extra_data: dict[str, pd.DataFrame] | None = None,
                  batch_size: int = 10) -> Path:
-    """The workflow, models and example data under ``root``, and a small-sampler config of the example."""
+    """The Snakefile, profiles, models and example data under ``root``, and a small-sampler config of the example
+    (the workflow is the installed package's)."""
     root.mkdir()
-    for name in ("Snakefile", "workflow", "scripts", "models"):  # the schema link becomes a file
-        src = REPO / name
-        (shutil.copytree(src, root / name) if src.is_dir() else shutil.copy(src, root / name))
+    shutil.copy(REPO / "Snakefile", root / "Snakefile")
+    for name in ("models", PROFILES):
+        shutil.copytree(REPO / name, root / name)
     shutil.copytree(REPO / "data" / "example", root / "data" / "example")
     for dataset_id, table in (extra_data or {}).items():
         table.to_csv(root / "data" / "example" / f"{dataset_id}.csv", index=False)

@@ -20,9 +20,9 @@ from batchfit import __version__
 from batchfit.errors import BatchfitError
 from batchfit.schema import config_schema
 
-# What `batchfit init` writes that is not generated: from the package. The example model is the
-# repository's models/hierarchical.py, linked into the package like the workflow; not named *.py,
-# so that batchfit's code digest (fingerprint.sources_digest, part of every cache key) leaves it out.
+# What `batchfit init` writes that is not generated: from the package. The example model is a copy
+# of the repository's models/hierarchical.py (tests/test_project.py keeps the two equal); not named
+# *.py: it is the user's code to be, which batchfit's linters and code digest leave alone.
 _TEMPLATE = "template"
 # Keys `init` sets; every other key of the schema is written commented out, with its default.
 _SET_KEYS = {
@@ -45,10 +45,9 @@ _WIDTH = 100
 def workflow_snakefile() -> Path:
     """The Snakefile of batchfit's workflow, for ``module batchfit: snakefile: ...`` in a project.
 
-    A wheel holds the workflow as files under ``batchfit/workflow/``; a source checkout (and an
-    editable install of it) has symlinks there to the repository's ``Snakefile``, ``workflow/``
-    and ``scripts/``, so one path serves both. Snakemake resolves the rules' ``script:``,
-    ``conda:``, ``report:`` and schema paths relative to the rule files, inside the package.
+    The workflow lives in the package, ``batchfit/workflow/``, in a wheel as in a source checkout
+    (whose own ``Snakefile`` uses it too). Snakemake resolves the rules' ``script:``, ``conda:``,
+    ``report:`` and schema paths relative to the rule files, inside the package.
     """
     path = Path(__file__).parent / "workflow" / "Snakefile"
     if not path.is_file():
@@ -103,7 +102,7 @@ def init_project(directory: str | Path) -> InitReport:
 def _project_files() -> dict[str, str]:
     """Relative path -> content of every file `init_project` writes, but the data."""
     template = importlib.resources.files("batchfit").joinpath(_TEMPLATE)
-    profiles = importlib.resources.files("batchfit").joinpath("workflow", "workflow", "profiles")
+    profiles = importlib.resources.files("batchfit").joinpath("workflow", "profiles")
     files = {
         "config.yaml": config_template(),
         "model.py": _MODEL_HEADER + template.joinpath("model.py.template").read_text("utf-8"),

@@ -1,4 +1,4 @@
-"""The config's JSON Schema (``config.schema.yaml``) and its violations in words, naming the key.
+"""The config's JSON Schema (``workflow/schemas/config.schema.yaml``) and its violations in words.
 
 The schema is the single source of the allowed keys, their types, ranges and defaults;
 Snakemake's ``validate`` reads the same file. `validated` fills the defaults and turns every
@@ -48,9 +48,9 @@ def validated(data: Any, source: str) -> dict[str, Any]:
 
 @functools.cache
 def config_schema() -> dict[str, Any]:
-    """The packaged JSON Schema of the config (also used by Snakemake's `validate`)."""
-    text = importlib.resources.files("batchfit").joinpath("config.schema.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    """The packaged JSON Schema of the config: the workflow's, which its Snakemake `validate` reads."""
+    schema = importlib.resources.files("batchfit").joinpath("workflow", "schemas", "config.schema.yaml")
+    return yaml.safe_load(schema.read_text("utf-8"))
 
 
 def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:

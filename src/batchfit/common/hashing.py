@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]  # the batchfit package's directory
 
 # Package data, not code: the workflow shipped with the package (rules and thin rule scripts, which
-# an editable install links and a wheel copies) and `batchfit init`'s project template.
+# Snakemake runs) and `batchfit init`'s project template.
 _NOT_CODE = frozenset({"workflow", "template"})
 
 
@@ -27,10 +27,7 @@ def file_sha256(path: str | Path) -> str:
 
 def package_sources(*parts: str, package: Path = PACKAGE) -> list[Path]:
     """batchfit's Python files under each of ``parts`` (subpackages or modules, as package-relative
-    paths such as ``"fitting"`` or ``"config.py"``; none: the whole package), sorted.
-
-    ``rglob`` does not follow links, so a linked workflow is left out in an editable install as
-    in a wheel, where it is copied and `_NOT_CODE` leaves it out.
+    paths such as ``"fitting"`` or ``"config.py"``; none: the whole package, but `_NOT_CODE`), sorted.
     """
     roots = [package / part for part in parts] or [package]
     found = {path for root in roots for path in ([root] if root.suffix == ".py" else root.rglob("*.py"))

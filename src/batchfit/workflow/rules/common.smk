@@ -29,7 +29,7 @@ CONFIGS = configs_of(BF)
 VARIANTS = [variant for variant in CONFIGS if variant is not None]
 LAYOUT = BF.layout.variant("{variant}") if VARIANTS else BF.layout
 # Compile stamps, by name: variants that share a model and its parameters share one compile. The
-# sweep's own config's too: an SBC run (workflow/rules/sbc.smk) fits it, without its variants.
+# sweep's own config's too: an SBC run (rules/sbc.smk) fits it, without its variants.
 STAMPS = {compile_stamp_path(c).stem: c for c in [BF, *CONFIGS.values()]}
 COMPILED = compile_stamp_path(BF).parent / "{stamp}.json"
 BUNDLE = compiled_bundle_path(BF).parent / "{stamp}.zip"
@@ -126,7 +126,7 @@ def record_plan():
     if not in_job():
         for variant, variant_config in CONFIGS.items():
             write_plan(variant_config, sweep(variant))
-        record_predict_plan()  # workflow/rules/predict.smk
+        record_predict_plan()  # rules/predict.smk
 
 
 onstart:
@@ -211,7 +211,7 @@ def fit_resource(name):
     )[name]
 
 
-# Simulation-based calibration (workflow/rules/sbc.smk): the simulated sweep's plan.
+# Simulation-based calibration (rules/sbc.smk): the simulated sweep's plan.
 
 SBC = BF.layout.sbc
 SBC_SETTINGS = {
@@ -235,7 +235,7 @@ def sbc_plan():
     return _sbc_plan(stamp.stat().st_mtime_ns)
 
 
-# Predictions on new inputs (workflow/rules/predict.smk): the prediction plan, and the variants that predict
+# Predictions on new inputs (rules/predict.smk): the prediction plan, and the variants that predict
 # (the sweep's own config without variants).
 PREDICTING = [variant for variant, c in CONFIGS.items() if c.predict.enabled]
 
@@ -284,7 +284,7 @@ def predict_paths(path):
     return [here(path)] if PREDICTING else []
 
 
-# The exact comparisons of a sweep of variants (workflow/rules/compare.smk): the refit plan's batches.
+# The exact comparisons of a sweep of variants (rules/compare.smk): the refit plan's batches.
 
 
 def planned_refits():

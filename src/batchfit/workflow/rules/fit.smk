@@ -38,7 +38,7 @@ rule fit:
     message:
         "fit {wildcards.batch}: {params.n_datasets} dataset(s); log {log}"
     script:
-        "../../scripts/fit.py"
+        "../scripts/fit.py"
 
 
 rule stage:
@@ -60,4 +60,4 @@ rule stage:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/stage.py"
+        "../scripts/stage.py"

@@ -20,7 +20,7 @@ checkpoint refit_plan:
         settings=config.get("compare"),
         cores=lambda wildcards: sweep_cores(),
     script:
-        "../../scripts/refit_plan.py"
+        "../scripts/refit_plan.py"
 
 
 rule refit:
@@ -52,7 +52,7 @@ rule refit:
     message:
         "refit {wildcards.refit_batch}: {params.n_refits} refit(s) of variant {wildcards.variant}; log {log}"
     script:
-        "../../scripts/refit.py"
+        "../scripts/refit.py"
 
 
 rule compare:
@@ -83,7 +83,7 @@ rule compare:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/compare.py"
+        "../scripts/compare.py"
 
 
 # outputs.sensitivity: power-scaling sensitivity of every fit (of a variant, in a sweep of variants).
@@ -111,7 +111,7 @@ rule sensitivity:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/sensitivity.py"
+        "../scripts/sensitivity.py"
 
 
 SENSITIVITY_TARGETS = [

@@ -26,7 +26,7 @@ rule predict_batch:
     message:
         "predict {wildcards.batch}: {params.n_datasets} dataset(s); log {log}"
     script:
-        "../../scripts/predict.py"
+        "../scripts/predict.py"
 
 
 rule stage_predict:
@@ -46,7 +46,7 @@ rule stage_predict:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/stage_predict.py"
+        "../scripts/stage_predict.py"
 
 
 rule collect_predictions:
@@ -65,7 +65,7 @@ rule collect_predictions:
         config_source=CONFIG_SOURCE,
         settings=lambda wildcards: repr(bf(wildcards).summary),  # a changed interval: the rows again
     script:
-        "../../scripts/collect_predictions.py"
+        "../scripts/collect_predictions.py"
 
 
 rule prediction_plots:
@@ -90,7 +90,7 @@ rule prediction_plots:
         config_source=CONFIG_SOURCE,
         settings=lambda wildcards: repr((bf(wildcards).report, bf(wildcards).predict)),  # redraw when they change
     script:
-        "../../scripts/prediction_plots.py"
+        "../scripts/prediction_plots.py"
 
 
 PREDICT_TARGETS = [

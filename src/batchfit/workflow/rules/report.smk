@@ -1,5 +1,5 @@
 # The sweep's report: `snakemake --report report.html` (or report.zip) after a run shows what
-# these rules write, with the captions in workflow/report/. The plots and pages are also plain
+# these rules write, with the captions in report/. The plots and pages are also plain
 # files under results_dir/plots/ and results_dir/report/ for anyone without the report.
 # A run with failed datasets has its report too: the status rule only writes the run's verdict.
 report: "../report/workflow.rst"
@@ -39,7 +39,7 @@ rule plots:
         config_source=CONFIG_SOURCE,
         settings=lambda wildcards: repr(bf(wildcards).report),  # a changed report: key redraws the plots (params are a rerun trigger)
     script:
-        "../../scripts/plots.py"
+        "../scripts/plots.py"
 
 
 rule report_pages:
@@ -84,7 +84,7 @@ rule report_pages:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/report_pages.py"
+        "../scripts/report_pages.py"
 
 
 rule sbc_plots:
@@ -106,7 +106,7 @@ rule sbc_plots:
     params:
         sbc_dir=BF.layout.sbc.root,
     script:
-        "../../scripts/sbc_plots.py"
+        "../scripts/sbc_plots.py"
 
 
 REPORT_TARGETS = [

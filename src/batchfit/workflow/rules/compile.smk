@@ -27,4 +27,4 @@ rule compile:
     resources:
         mem_mb=4000,
     script:
-        "../../scripts/compile.py"
+        "../scripts/compile.py"

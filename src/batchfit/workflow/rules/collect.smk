@@ -22,7 +22,7 @@ rule collect:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/collect.py"
+        "../scripts/collect.py"
 
 
 rule status:
@@ -47,4 +47,4 @@ rule status:
     params:
         config_source=CONFIG_SOURCE,
     script:
-        "../../scripts/status.py"
+        "../scripts/status.py"

@@ -6,7 +6,7 @@ checkpoint sbc_simulate:
     input:
         model=here(BF.model),
         simulator=here(BF.sbc.simulator or BF.model),
-        # A function: only an SBC run reads the datasets to find the template (#45).
+        # A function: only an SBC run reads the datasets to find the template.
         template=lambda wildcards: here(template(BF)[1]),
     output:
         here(SBC.simulations),
@@ -21,7 +21,7 @@ checkpoint sbc_simulate:
         # changes the model the simulations are drawn from (simulate redraws only what it changes).
         coding=lambda wildcards: template_sweep_coding(BF),
     script:
-        "../../scripts/sbc_simulate.py"
+        "../scripts/sbc_simulate.py"
 
 
 rule sbc_fit:
@@ -48,7 +48,7 @@ rule sbc_fit:
     message:
         "sbc_fit {wildcards.batch}: {params.n_datasets} simulated dataset(s); log {log}"
     script:
-        "../../scripts/sbc_fit.py"
+        "../scripts/sbc_fit.py"
 
 
 rule sbc:
@@ -72,4 +72,4 @@ rule sbc:
         config_source=CONFIG_SOURCE,
         settings={"thin": BF.sbc.thin, "envelope_prob": BF.sbc.envelope_prob},
     script:
-        "../../scripts/sbc_ranks.py"
+        "../scripts/sbc_ranks.py"
