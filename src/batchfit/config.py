@@ -301,7 +301,7 @@ def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
                     key=f"columns.{name}.{other}", source=source,
                 )
         return ColumnSettings(levels=tuple(spec["levels"]), order="listed")
-    return ColumnSettings(order=spec.get("order", "sorted"), scope=spec.get("scope", "sweep"))
+    return ColumnSettings(**{key: spec[key] for key in ("order", "scope") if key in spec})
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:
