@@ -51,7 +51,7 @@ _DEFAULTS_WIDTH = 112
 
 
 def defaults_yaml() -> str:
-    """Every top-level key with its default as YAML, one key a line (a required key with the schema's example):
+    """Every top-level key with its default as YAML, a key a line (wrapped; a required key with the schema's example):
     config/README.md's block of defaults and `batchfit defaults`, generated so that no default is spelled twice."""
     lines = []
     for name, spec in config_schema()["properties"].items():
