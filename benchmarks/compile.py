@@ -70,7 +70,7 @@ def nutpie_child(config_path: str) -> None:
 
     t_import = time.perf_counter()
     config = load_config(config_path)
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     dataset_id = next(iter(datasets))
     model = build_model(load_model_file(config.model), load_dataset(dataset_id, datasets[dataset_id]))
     t_build = time.perf_counter()

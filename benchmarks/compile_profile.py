@@ -40,7 +40,7 @@ def _model(config_path: str):
     from batchfit.model.model_file import build_model, load_model_file
 
     config = load_config(config_path)
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     dataset_id = next(iter(datasets))
     return build_model(load_model_file(config.model), load_dataset(dataset_id, datasets[dataset_id]))
 

@@ -59,7 +59,7 @@ def sweep(tmp_path: Path, columns: dict | None = None, *, model: str = "m.py", s
 def test_a_sweep_that_has_not_started_writes_nothing_and_codes_from_the_data(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"s1": "sex\nM\n", "s2": "sex\nF\nM\n"})
     config = sweep(tmp_path, started=False)
-    assert sweep_coding(config, paths).labels["sex"].levels == ("F", "M")
+    assert sweep_coding(config.data_sources, paths).labels["sex"].levels == ("F", "M")
     assert not (tmp_path / "results").exists()
 
 
@@ -73,7 +73,7 @@ def decoded(dataset, column: str) -> list[str]:
 
 def test_a_dataset_with_only_one_level_gets_that_levels_sweep_wide_code(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "sex,y\nF,1\nM,2\n", "b": "sex,y\nM,3\nM,4\n"})
-    coding = sweep_coding(sweep(tmp_path), paths)
+    coding = sweep_coding(sweep(tmp_path).data_sources, paths)
     a, b = (load_dataset(d, p, coding) for d, p in paths.items())
     assert a.coords["sex"] == b.coords["sex"] == ("F", "M")  # sorted, from all datasets
     for data, path in ((a, paths["a"]), (b, paths["b"])):
@@ -84,23 +84,23 @@ def test_a_dataset_with_only_one_level_gets_that_levels_sweep_wide_code(tmp_path
 
 def test_listed_levels_fix_the_order(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "week\nW10\nW2\n", "b": "week\nW1\n"})
-    default = sweep_coding(sweep(tmp_path), paths)
+    default = sweep_coding(sweep(tmp_path).data_sources, paths)
     assert default.labels["week"].levels == tuple(sorted(["W10", "W2", "W1"]))  # text order: W1, W10, W2
-    listed = sweep_coding(sweep(tmp_path, {"week": {"levels": ["W1", "W2", "W10"]}}), paths)
+    listed = sweep_coding(sweep(tmp_path, {"week": {"levels": ["W1", "W2", "W10"]}}).data_sources, paths)
     a = load_dataset("a", paths["a"], listed)
     assert a["week"].tolist() == [2, 1] and a.coords["week"] == ("W1", "W2", "W10")
 
 
 def test_appearance_order_is_datasets_by_id_then_rows(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"b2": "g\nm\na\n", "b1": "g\nz\na\n"})
-    coding = sweep_coding(sweep(tmp_path, {"g": {"order": "appearance"}}), paths)
+    coding = sweep_coding(sweep(tmp_path, {"g": {"order": "appearance"}}).data_sources, paths)
     assert coding.labels["g"].levels == ("z", "a", "m")
     assert decoded(load_dataset("b2", paths["b2"], coding), "g") == ["m", "a"]
 
 
 def test_listed_levels_missing_a_value_name_dataset_file_column_value_and_row(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "sex\nF\nM\n", "b": "sex\nM\nX\nF\n"})
-    coding = sweep_coding(sweep(tmp_path, {"sex": {"levels": ["F", "M"]}}), paths)
+    coding = sweep_coding(sweep(tmp_path, {"sex": {"levels": ["F", "M"]}}).data_sources, paths)
     assert load_dataset("a", paths["a"], coding)["sex"].tolist() == [0, 1]
     with pytest.raises(DatasetError) as info:
         load_dataset("b", paths["b"], coding)
@@ -113,11 +113,11 @@ def test_a_new_dataset_with_a_new_level_never_changes_existing_codes(tmp_path: P
     data = tmp_path / "data"
     paths = write(data, {"s1": "sex\nF\nM\n", "s2": "sex\nM\n"})
     config = sweep(tmp_path)
-    before = sweep_coding(config, paths)
+    before = sweep_coding(config.data_sources, paths)
     codes_before = {d: load_dataset(d, p, before)["sex"].tolist() for d, p in paths.items()}
     paths = {**paths, **write(data, {"s0": "sex\nA\nM\n"})}  # sorts first, and first by id
     with caplog.at_level(logging.WARNING, logger="batchfit"):
-        after = sweep_coding(config, dict(sorted(paths.items())))
+        after = sweep_coding(config.data_sources, dict(sorted(paths.items())))
     assert after.labels["sex"].levels == ("F", "M", "A")
     assert "no longer sorted" in caplog.text and "'A'" in caplog.text
     for dataset_id, codes in codes_before.items():
@@ -127,27 +127,27 @@ def test_a_new_dataset_with_a_new_level_never_changes_existing_codes(tmp_path: P
     assert before.for_dataset("s1") != after.for_dataset("s1")
     assert json.loads(config.layout.coding_registry.read_text())["levels"]["sex"]["levels"] == ["F", "M", "A"]
     # a fresh process reading the registry agrees
-    assert sweep_coding(config, dict(sorted(paths.items()))) == after
+    assert sweep_coding(config.data_sources, dict(sorted(paths.items()))) == after
 
 
 def test_a_changed_file_is_scanned_again(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "g\nx\n"})
     config = sweep(tmp_path)
-    assert sweep_coding(config, paths).labels["g"].levels == ("x",)
+    assert sweep_coding(config.data_sources, paths).labels["g"].levels == ("x",)
     paths["a"].write_text("g\nx\nnew-level\n")
-    assert sweep_coding(config, paths).labels["g"].levels == ("x", "new-level")
+    assert sweep_coding(config.data_sources, paths).labels["g"].levels == ("x", "new-level")
 
 
 def test_per_dataset_scope_codes_within_each_file(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "g\nk\nb\n", "b": "g\nz\n"})
-    coding = sweep_coding(sweep(tmp_path, {"g": {"scope": "dataset"}}), paths)
+    coding = sweep_coding(sweep(tmp_path, {"g": {"scope": "dataset"}}).data_sources, paths)
     assert load_dataset("b", paths["b"], coding).coords["g"] == ("z",)
     assert load_dataset("a", paths["a"], coding).coords["g"] == ("b", "k")
 
 
 def test_dataset_coding_is_json_and_loads_the_same(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "sex,n\nF,1\n", "b": "sex,n\nM,2\n"})
-    coding = sweep_coding(sweep(tmp_path), paths)
+    coding = sweep_coding(sweep(tmp_path).data_sources, paths)
     value = json.loads(json.dumps(coding.for_dataset("b")))
     assert set(value) == {"sex"}  # numeric columns need no coding
     again = load_dataset("b", paths["b"], Coding.from_json(value))
@@ -157,7 +157,7 @@ def test_dataset_coding_is_json_and_loads_the_same(tmp_path: Path) -> None:
 def test_a_columns_entry_naming_no_column_is_a_config_error(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "sex\nF\n"})
     with pytest.raises(ConfigError) as info:
-        sweep_coding(sweep(tmp_path, {"sx": {"order": "appearance"}}), paths)
+        sweep_coding(sweep(tmp_path, {"sx": {"order": "appearance"}}).data_sources, paths)
     assert info.value.key == "columns.sx" and "did you mean 'sex'" in str(info.value)
 
 
@@ -172,7 +172,7 @@ def test_levels_cannot_be_combined_with_an_order(tmp_path: Path) -> None:
 
 def test_text_in_a_column_with_numbers_elsewhere_names_row_and_value(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "count\n1\n2\n", "b": "count\n1\n3\nmany\n3\n"})
-    coding = sweep_coding(sweep(tmp_path), paths)
+    coding = sweep_coding(sweep(tmp_path).data_sources, paths)
     assert "count" not in coding.labels
     with pytest.raises(DatasetError) as info:
         check_dataset(load_dataset("b", paths["b"], coding), {"count": INT})
@@ -185,19 +185,19 @@ def test_labels_that_are_numbers_in_one_file_and_text_in_another(tmp_path: Path)
     """Text in a column makes it labels (numbers can be labels, text cannot be numbers): the file of numbers
     fails alone, naming the setting that reads its numbers as labels too; a few words among numbers are typos."""
     paths = write(tmp_path / "data", {"a": "group\n1\n2\n", "b": "group\nx\ny\n"})
-    coding = sweep_coding(sweep(tmp_path), paths)
+    coding = sweep_coding(sweep(tmp_path).data_sources, paths)
     assert decoded(load_dataset("b", paths["b"], coding), "group") == ["x", "y"]
     with pytest.raises(DatasetError) as info:
         load_dataset("a", paths["a"], coding)
     assert "dataset 'a'" in str(info.value) and "holds only numbers here (e.g. 1)" in str(info.value)
     assert "columns: {group: {}}" in str(info.value)
     typo = write(tmp_path / "t" / "data", {"a": "count\n1\n2\n", "b": "count\n3\nmany\n4\n"})
-    typo_coding = sweep_coding(sweep(tmp_path / "t"), typo)
+    typo_coding = sweep_coding(sweep(tmp_path / "t").data_sources, typo)
     with pytest.raises(DatasetError) as info:
         check_dataset(load_dataset("b", typo["b"], typo_coding), {"count": INT})
     assert "'many'" in str(info.value) and "row index 1" in str(info.value) and "columns:" in str(info.value)
     # listing the column makes it labels in every file, numeric-looking or not
-    listed = sweep_coding(sweep(tmp_path, {"group": {}}), paths)
+    listed = sweep_coding(sweep(tmp_path, {"group": {}}).data_sources, paths)
     a, b = (load_dataset(d, p, listed) for d, p in paths.items())
     assert a.coords["group"] == b.coords["group"] == ("x", "y", "1", "2")  # appended to the levels recorded before
     assert decoded(a, "group") == ["1", "2"] and decoded(b, "group") == ["x", "y"]
@@ -206,7 +206,7 @@ def test_labels_that_are_numbers_in_one_file_and_text_in_another(tmp_path: Path)
 def test_fractional_values_where_the_model_indexes_name_the_row(tmp_path: Path) -> None:
     paths = write(tmp_path / "data", {"a": "g\n0\n1\n1.5\n"})
     with pytest.raises(DatasetError) as info:
-        check_dataset(load_dataset("a", paths["a"], sweep_coding(sweep(tmp_path), paths)), {"g": INT})
+        check_dataset(load_dataset("a", paths["a"], sweep_coding(sweep(tmp_path).data_sources, paths)), {"g": INT})
     assert "fractional values such as 1.5" in str(info.value) and "row index 2" in str(info.value)
 
 
@@ -277,7 +277,7 @@ def test_a_planned_sweep_writes_its_registry_and_digests_when_its_run_starts(tmp
     planned = {name: json.loads((results / name).read_text()) for name in names}
     shutil.rmtree(results)
     results.mkdir()
-    provenance.expected_digests(config, discover_datasets(config))  # what a job computes and records
+    provenance.expected_digests(config, discover_datasets(config.data_sources))  # what a job computes and records
     assert {name: json.loads((results / name).read_text()) for name in names} == planned
 
     def not_again(*args):
@@ -289,5 +289,5 @@ def test_a_planned_sweep_writes_its_registry_and_digests_when_its_run_starts(tmp
                         lambda path: (not_again if Path(path).parent.name == "data" else hash_file)(path))
     for name, content in planned.items():
         (results / name).write_text(json.dumps(content))
-    assert sweep_coding(config).labels["sex"].levels == ("F", "M")
-    provenance.expected_digests(config, discover_datasets(config))
+    assert sweep_coding(config.data_sources).labels["sex"].levels == ("F", "M")
+    provenance.expected_digests(config, discover_datasets(config.data_sources))

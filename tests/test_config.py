@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import tempfile
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,11 @@ from hypothesis import strategies as st
 from snakemake.utils import validate as snakemake_validate
 from testkit import REPO, write_config
 
+from batchfit import cli
 from batchfit.config import Config, config_from_dict, config_to_dict, load_config
 from batchfit.errors import ConfigError
 from batchfit.schema import config_schema
-from batchfit.settings import CacheSettings, HealthSettings, OutputSettings, SamplerSettings
+from batchfit.settings import CacheSettings, HealthSettings, OutputSettings, SamplerSettings, plain
 
 MINIMAL = {"model": "models/m.py", "datasets": ["data/*.csv"]}
 FULL = {
@@ -245,16 +249,30 @@ def test_a_low_rank_setting_needs_the_low_rank_adaptation(name: str, adaptation:
     assert config_from_dict(with_change("sampler", {"adaptation": "low_rank", name: 5.0}))
 
 
-def test_sampler_settings_defaults_are_the_schemas() -> None:
-    """The dataclass's defaults (for code that builds one) equal what a config without them gets."""
-    import dataclasses
-
-    schema = config_schema()["properties"]["sampler"]["properties"]
-    for field in dataclasses.fields(SamplerSettings):
+def _dataclass_defaults(cls: type, schema: dict, where: str = "") -> Iterator[tuple[str, object, object]]:
+    """(key, the dataclass's default as a config file writes it, the schema's) of every field of ``cls`` with a
+    default, and of its sections' fields (a field without a default or not in the schema: none)."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        sub = schema.get("properties", {}).get(field.name)
+        if sub is None:
+            continue
+        key = f"{where}{field.name}"
         if field.default is not dataclasses.MISSING:
-            assert field.default == schema[field.name]["default"], field.name
+            yield key, plain(field.default), sub.get("default")
         elif field.default_factory is not dataclasses.MISSING:
-            assert field.default_factory() == schema[field.name]["default"], field.name
+            yield key, plain(field.default_factory()), sub.get("default")
+        if dataclasses.is_dataclass(hints[field.name]):
+            yield from _dataclass_defaults(hints[field.name], sub, f"{key}.")
+
+
+def test_the_settings_defaults_are_the_schemas() -> None:
+    """The dataclasses' defaults (for code that builds one by hand) equal what a config without them gets: the
+    schema is the one source of a default, the dataclasses are checked against it."""
+    checked = list(_dataclass_defaults(Config, config_schema()))
+    assert {"sampler.max_treedepth", "rows", "compare.kfold.k", "sbc.envelope_prob"} <= {key for key, *_ in checked}
+    for key, default, schemas in checked:
+        assert default == schemas, key
 
 
 def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
@@ -412,6 +430,34 @@ def workflow_schema() -> Path:
 
 def test_the_workflow_validates_against_the_schema_batchfit_reads() -> None:
     assert yaml.safe_load(workflow_schema().read_text()) == config_schema()
+
+
+def test_the_readme_shows_the_defaults_batchfit_defaults_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """config/README.md's block of defaults is what `batchfit defaults` prints from the schema (regenerate it with
+    that command): every key with its default, or a required key's example."""
+    assert cli.main(["defaults"]) == 0
+    printed = capsys.readouterr().out
+    assert f"```yaml\n{printed}```" in (REPO / "config" / "README.md").read_text()
+    expected = {name: sub.get("default", sub.get("examples", [None])[0])
+                for name, sub in config_schema()["properties"].items()}
+    assert yaml.safe_load(printed) == expected
+
+
+def test_the_readme_keys_table_shows_the_schemas_defaults() -> None:
+    """Each row of config/README.md's table of keys gives the schema's default (or says the key is required)."""
+    rows = re.findall(r"^\| `([\w.]+)` \| ([^|]+) \|", (REPO / "config" / "README.md").read_text(), re.M)
+    required = set(config_schema()["required"])
+    checked = 0
+    for key, cell in rows:
+        node = config_schema()
+        for part in key.split("."):
+            node = node.get("properties", {}).get(part, {})
+        if key in required:
+            assert cell.strip() == "*required*", key
+        elif "default" in node:
+            assert yaml.safe_load(cell.strip().strip("`")) == node["default"], key
+            checked += 1
+    assert checked > 50
 
 
 @pytest.mark.parametrize("data", [MINIMAL, with_change("sampler.draws", 5), FULL])

@@ -14,7 +14,7 @@ import xarray as xr
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from batchfit.config import Config, config_from_dict
+from batchfit.config import config_from_dict
 from batchfit.data.dataset import (
     DataRequirement,
     Dataset,
@@ -25,13 +25,15 @@ from batchfit.data.dataset import (
 )
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import ConfigError, DatasetError
+from batchfit.settings import DataSources
 
 FLOAT = DataRequirement(ndim=1, dtype=np.dtype("float64"))
 INT = DataRequirement(ndim=1, dtype=np.dtype("int64"))
 
 
-def make_config(*patterns: str) -> Config:
-    return config_from_dict({"model": "m.py", "datasets": list(patterns)}, source="cfg.yaml")
+def sources(*patterns: str) -> DataSources:
+    """The data sources of a config listing ``patterns``."""
+    return config_from_dict({"model": "m.py", "datasets": list(patterns)}, source="cfg.yaml").data_sources
 
 
 def touch(path: Path, text: str = "x\n1\n") -> Path:
@@ -60,7 +62,7 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_discover_expands_globs_and_plain_paths_sorted_by_id(cwd: Path) -> None:
     for name in ["data/store_07.csv", "data/store_01.csv", "other/a.parquet", "nc/z.nc"]:
         touch(cwd / name)
-    found = discover_datasets(make_config("data/*.csv", "other/a.parquet", "nc/*.nc"))
+    found = discover_datasets(sources("data/*.csv", "other/a.parquet", "nc/*.nc"))
     assert list(found) == ["a", "store_01", "store_07", "z"]
     assert found["store_07"] == Path("data/store_07.csv")
     assert dict(found) == {"a": Path("other/a.parquet"), "store_01": Path("data/store_01.csv"),
@@ -70,25 +72,25 @@ def test_discover_expands_globs_and_plain_paths_sorted_by_id(cwd: Path) -> None:
 
 def test_discover_accepts_recursive_globs_and_upper_case_suffixes(cwd: Path) -> None:
     touch(cwd / "data/x/deep.CSV")
-    assert list(discover_datasets(make_config("data/**/*.CSV"))) == ["deep"]
+    assert list(discover_datasets(sources("data/**/*.CSV"))) == ["deep"]
 
 
 def test_same_file_from_two_patterns_is_one_dataset(cwd: Path) -> None:
     touch(cwd / "data/a.csv")
-    assert list(discover_datasets(make_config("data/*.csv", "data/a.csv"))) == ["a"]
+    assert list(discover_datasets(sources("data/*.csv", "data/a.csv"))) == ["a"]
 
 
 @pytest.mark.parametrize("pattern", ["data/*.csv", "data/missing.csv"])
 def test_pattern_matching_nothing_is_a_config_error(cwd: Path, pattern: str) -> None:
     with pytest.raises(ConfigError) as info:
-        discover_datasets(make_config(pattern))
+        discover_datasets(sources(pattern))
     assert info.value.key == "datasets[0]" and pattern in str(info.value) and "cfg.yaml" in str(info.value)
 
 
 def test_directory_pattern_suggests_a_glob(cwd: Path) -> None:
     (cwd / "data").mkdir()
     with pytest.raises(ConfigError, match="is a directory"):
-        discover_datasets(make_config("data"))
+        discover_datasets(sources("data"))
 
 
 def test_files_sharing_a_name_each_get_an_id_of_their_own_naming_the_file(cwd: Path) -> None:
@@ -96,7 +98,7 @@ def test_files_sharing_a_name_each_get_an_id_of_their_own_naming_the_file(cwd: P
     touch(cwd / "a/s.csv")
     touch(cwd / "b/s.parquet")
     renamed: dict[str, str] = {}
-    found = discover_datasets(make_config("a/*.csv", "b/*.parquet"), renamed=renamed)
+    found = discover_datasets(sources("a/*.csv", "b/*.parquet"), renamed=renamed)
     assert sorted(map(str, found.values())) == ["a/s.csv", "b/s.parquet"]
     assert all(d.startswith("s-") for d in found) and len(set(found)) == 2
     assert set(renamed) == set(found) and all("a/s.csv" in why and "b/s.parquet" in why for why in renamed.values())
@@ -110,7 +112,7 @@ def test_unsafe_names_get_a_safe_id_recorded_with_the_file_and_the_rule(cwd: Pat
     """An id a path or a Snakemake wildcard cannot take is mapped to a safe one, not an error (#45)."""
     touch(cwd / "data" / name)
     renamed: dict[str, str] = {}
-    found = discover_datasets(make_config(f"data/{name}"), renamed=renamed)
+    found = discover_datasets(sources(f"data/{name}"), renamed=renamed)
     [(dataset_id, path)] = found.items()
     assert path == Path("data") / name
     assert re.fullmatch(r"[A-Za-z0-9._+-]+", dataset_id) and not dataset_id.startswith(".") and ".." not in dataset_id
@@ -122,20 +124,20 @@ def test_a_mapped_id_never_takes_another_files_id_and_is_the_same_every_time(cwd
     """``a b.csv`` beside ``a_b.csv``: the file named as its id keeps it, the other gets another (#45)."""
     for name in ["a b.csv", "a_b.csv", "a  b.csv", "c d.csv"]:
         touch(cwd / "data" / name)
-    found = discover_datasets(make_config("data/*.csv"))
+    found = discover_datasets(sources("data/*.csv"))
     by_file = {str(path): d for d, path in found.items()}
     assert by_file["data/a_b.csv"] == "a_b" and by_file["data/c d.csv"] == "c_d"
     assert len(set(by_file.values())) == 4 and by_file["data/a b.csv"].startswith("a_b-")
-    assert dict(discover_datasets(make_config("data/*.csv"))) == dict(found)
+    assert dict(discover_datasets(sources("data/*.csv"))) == dict(found)
     touch(cwd / "data" / "zz.csv")  # another file changes no id
-    assert {d: p for d, p in discover_datasets(make_config("data/*.csv")).items() if d != "zz"} == dict(found)
+    assert {d: p for d, p in discover_datasets(sources("data/*.csv")).items() if d != "zz"} == dict(found)
 
 
 @pytest.mark.parametrize("name", ["x.txt", "x.xlsx", "noext"])
 def test_unknown_format_is_a_dataset_that_fails_to_load_naming_the_formats(cwd: Path, name: str) -> None:
     """A file batchfit cannot read does not stop the sweep: it fails when loaded, like any bad dataset."""
     touch(cwd / "data" / name)
-    found = discover_datasets(make_config("data/*"))
+    found = discover_datasets(sources("data/*"))
     [(dataset_id, path)] = found.items()
     with pytest.raises(DatasetError) as info:
         load_dataset(dataset_id, path)

@@ -43,9 +43,9 @@ def sweep(tmp_path: Path) -> Config:
 
 def test_a_staged_job_codes_its_datasets_as_the_whole_sweep_does(tmp_path):
     config = sweep(tmp_path)
-    paths = discover_datasets(config)
-    sweep_coding(config, paths)  # records the registry, as the sweep's plan does
-    shared = sweep_coding(config, paths)  # as a job on the shared filesystem reads it
+    paths = discover_datasets(config.data_sources)
+    sweep_coding(config.data_sources, paths)  # records the registry, as the sweep's plan does
+    shared = sweep_coding(config.data_sources, paths)  # as a job on the shared filesystem reads it
     stage_inputs(config, paths, ["a1"], "a2", tmp_path / "staged")
 
     inputs = JobInputs(staged=tmp_path / "staged")
@@ -59,15 +59,16 @@ def test_a_staged_job_codes_its_datasets_as_the_whole_sweep_does(tmp_path):
     assert staged == shared
     assert staged.for_dataset("a1") == shared.for_dataset("a1")
     # what the same coding from the job's files alone would get wrong: the level Z, the numeric dose
-    assert sweep_coding(dataclasses.replace(config, results_dir=tmp_path / "alone"), staged_paths) != shared
+    alone = dataclasses.replace(config, results_dir=tmp_path / "alone")
+    assert sweep_coding(alone.data_sources, staged_paths) != shared
 
 
 def test_staging_names_what_is_missing(tmp_path):
     config = sweep(tmp_path)
-    paths = discover_datasets(config)
+    paths = discover_datasets(config.data_sources)
     with pytest.raises(BatchfitError, match="label registry .*coding.json is missing"):
         stage_inputs(config, paths, ["a1"], "a2", tmp_path / "staged")
-    sweep_coding(config, paths)
+    sweep_coding(config.data_sources, paths)
     with pytest.raises(BatchfitError, match="dataset 'b9' is not among the sweep's datasets"):
         stage_inputs(config, paths, ["a1", "b9"], "a2", tmp_path / "staged")
     with pytest.raises(BatchfitError, match="staged inputs .* are unreadable"):
@@ -123,9 +124,9 @@ def staged_sweep(tmp_path: Path, cache: Path, emptied: int) -> tuple[Config, Dat
     from batchfit.config import load_config
 
     config = load_config(write_sweep(tmp_path, cache, 2))
-    paths = discover_datasets(config)
+    paths = discover_datasets(config.data_sources)
     Path(config.results_dir).mkdir()
-    sweep_coding(config, paths)  # records the registry, as the sweep's plan does
+    sweep_coding(config.data_sources, paths)  # records the registry, as the sweep's plan does
     staged = tmp_path / "staged"
     stage_inputs(config, paths, list(paths), list(paths)[0], staged)
     for dataset_id in list(paths)[len(paths) - emptied:]:

@@ -132,8 +132,8 @@ def model_of(config, dataset_id: str):
     from batchfit.data.discovery import discover_datasets
     from batchfit.model.model_file import build_model, load_model_file
 
-    paths = discover_datasets(config)
-    dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+    paths = discover_datasets(config.data_sources)
+    dataset = load_dataset(dataset_id, paths[dataset_id], sweep_coding(config.data_sources, paths))
     return build_model(load_model_file(config.model), dataset)
 
 

@@ -244,8 +244,8 @@ def test_the_simulations_follow_the_coding_of_the_template_only(tmp_path: Path, 
         config = config_from_dict({**raw, "datasets": [*raw["datasets"], *extra]})
         written = simulate(config).written
         sweep = sbc_config(config)
-        datasets = discover_datasets(sweep)
-        coding = sweep_coding(sweep, datasets)
+        datasets = discover_datasets(sweep.data_sources)
+        coding = sweep_coding(sweep.data_sources, datasets)
         return (written, expected_digests(sweep, datasets),
                 {sim: coding.for_dataset(sim)["group"]["levels"] for sim in datasets})
 
@@ -305,8 +305,8 @@ def test_a_simulated_text_column_is_written_as_the_templates_labels(tmp_path: Pa
     assert simulate(config).written == 3
     sweep = sbc_config(config)
     sweep = config_from_dict(config_to_dict(sweep), source=sweep.source)  # as `batchfit.fitting.lanes` passes it
-    datasets = discover_datasets(sweep)
-    coding = sweep_coding(sweep, datasets)
+    datasets = discover_datasets(sweep.data_sources)
+    coding = sweep_coding(sweep.data_sources, datasets)
     for sim, path in datasets.items():
         text = pd.read_csv(path, dtype=str)["answer"]
         assert set(text) <= {"no", "yes", "maybe"}

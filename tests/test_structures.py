@@ -82,8 +82,8 @@ def loaded(config, dataset_id: str):
     from batchfit.data.dataset import load_dataset
     from batchfit.data.discovery import discover_datasets
 
-    paths = discover_datasets(config)
-    return load_dataset(dataset_id, paths[dataset_id], sweep_coding(config, paths))
+    paths = discover_datasets(config.data_sources)
+    return load_dataset(dataset_id, paths[dataset_id], sweep_coding(config.data_sources, paths))
 
 
 def reference(config, dataset_ids: list[str], python: Path) -> list[xr.Dataset]:

@@ -16,7 +16,6 @@ import pytest
 
 from batchfit.config import config_from_dict
 from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import DataSettings
 from batchfit.data.discovery import discover_datasets, table_scans
 from batchfit.data.reader import DatasetReader
 from batchfit.errors import ConfigError, DatasetError
@@ -45,8 +44,8 @@ def sweep(**settings: object):
 
 
 def reader_of(config) -> DatasetReader:
-    paths = discover_datasets(config)
-    return DatasetReader(paths, DataSettings.of(config), sweep_coding(config, paths))
+    paths = discover_datasets(config.data_sources)
+    return DatasetReader(paths, config.data_sources.settings, sweep_coding(config.data_sources, paths))
 
 
 def test_a_group_is_the_dataset_its_rows_make_as_a_file_of_their_own(cwd):
@@ -74,7 +73,8 @@ def test_key_values_name_the_datasets_several_keys_joined_unsafe_ones_mapped(cwd
                           "y": [1.0, 2.0, 3.0, 4.0, 5.0]})
     frame.to_csv("sales.csv", index=False)
     renamed: dict[str, str] = {}
-    index = discover_datasets(sweep(datasets=[{"table": "sales.csv", "by": ["store", "item"]}]), renamed=renamed)
+    config = sweep(datasets=[{"table": "sales.csv", "by": ["store", "item"]}])
+    index = discover_datasets(config.data_sources, renamed=renamed)
     assert set(index) >= {"s01_i007", "s01_i008"}
     mapped = sorted(d for d in index if d.startswith("s_2"))
     assert len(mapped) == 2 and len(set(mapped)) == 2  # 's 2'/'a/b' and 's_2'/'a/b' both ask for s_2_a_b
@@ -88,19 +88,19 @@ def test_the_same_id_from_two_sources_names_both(cwd):
     Path("data").mkdir()
     PK[PK.ID == 2].to_csv("data/2.csv", index=False)
     with pytest.raises(ConfigError, match=r"dataset id '2' comes from two sources: file data/2.csv and table pk.csv"):
-        discover_datasets(sweep(datasets=["data/*.csv", {"table": "pk.csv", "by": "ID"}]))
+        discover_datasets(sweep(datasets=["data/*.csv", {"table": "pk.csv", "by": "ID"}]).data_sources)
 
 
 def test_a_missing_key_column_an_empty_table_and_an_unreadable_one_are_config_errors(cwd):
     PK.to_csv("pk.csv", index=False)
     with pytest.raises(ConfigError, match=r"key 'datasets\[0\].by'.*no key column 'SUBJ'; its columns: ID, TIME"):
-        discover_datasets(sweep(datasets=[{"table": "pk.csv", "by": "SUBJ"}]))
+        discover_datasets(sweep(datasets=[{"table": "pk.csv", "by": "SUBJ"}]).data_sources)
     PK.iloc[:0].to_csv("empty.csv", index=False)
     with pytest.raises(ConfigError, match="the table empty.csv has no rows"):
-        discover_datasets(sweep(datasets=[{"table": "empty.csv", "by": "ID"}]))
+        discover_datasets(sweep(datasets=[{"table": "empty.csv", "by": "ID"}]).data_sources)
     Path("pk.nc").write_text("x")
     with pytest.raises(ConfigError, match="no table batchfit splits"):
-        discover_datasets(sweep(datasets=[{"table": "pk.nc", "by": "ID"}]))
+        discover_datasets(sweep(datasets=[{"table": "pk.nc", "by": "ID"}]).data_sources)
 
 
 def test_rows_without_a_key_fail_as_a_dataset_of_their_own_naming_them(cwd):
@@ -124,7 +124,7 @@ def test_group_digests_follow_each_groups_own_rows(cwd, tmp_path):
         else:
             frame.to_parquet(path, row_group_size=3)
         config = sweep(datasets=[{"table": name, "by": "ID"}], results_dir=str(tmp_path / name))
-        return table_scans(config)[0].digests
+        return table_scans(config.data_sources)[0].digests
 
     base = digests(PK, "a.csv")
     round_robin = PK.assign(row=PK.groupby("ID").cumcount()).sort_values(["row", "ID"], kind="stable")
@@ -144,8 +144,8 @@ def test_a_parquet_directory_with_hive_partitions_reads_as_one_table(cwd):
     one = reader_of(sweep(datasets=[{"table": "one.parquet", "by": "ID"}]))
     parts = reader_of(sweep(datasets=[{"table": "parts", "by": "ID"}], results_dir="results/p"))
     assert list(one.index) == list(parts.index) == ["1", "2", "3"]
-    assert table_scans(sweep(datasets=[{"table": "parts", "by": "ID"}]))[0].digests == \
-        table_scans(sweep(datasets=[{"table": "one.parquet", "by": "ID"}]))[0].digests
+    assert table_scans(sweep(datasets=[{"table": "parts", "by": "ID"}]).data_sources)[0].digests == \
+        table_scans(sweep(datasets=[{"table": "one.parquet", "by": "ID"}]).data_sources)[0].digests
     for dataset_id in one.index:
         a, b = one.load(dataset_id), parts.load(dataset_id)
         for name in a.arrays:
@@ -157,14 +157,14 @@ def test_a_job_reads_only_its_groups_of_a_partitioned_parquet_table(cwd):
     big = pd.concat([PK.assign(ID=PK.ID + 10 * k) for k in range(5)], ignore_index=True)
     big.to_parquet("big", partition_cols=["ID"])
     config = sweep(datasets=[{"table": "big", "by": "ID"}])
-    paths = discover_datasets(config)
-    coding = sweep_coding(config, paths)
+    paths = discover_datasets(config.data_sources)
+    coding = sweep_coding(config.data_sources, paths)
     for part in Path("big", "ID=43").iterdir():
         part.write_bytes(b"not parquet")  # damaged after the sweep was planned: a job never reads it
-    reader = DatasetReader(paths, DataSettings.of(config), coding, wanted=["12", "13"])
+    reader = DatasetReader(paths, config.data_sources.settings, coding, wanted=["12", "13"])
     assert reader.load("12").n_rows == 3 and reader.load("13").n_rows == 3
     with pytest.raises(Exception, match="(?i)parquet"):
-        DatasetReader(paths, DataSettings.of(config), coding).load("43")
+        DatasetReader(paths, config.data_sources.settings, coding).load("43")
 
 
 def test_scalar_takes_a_columns_one_value_and_names_two_rows_that_differ(cwd):
@@ -190,10 +190,10 @@ def test_side_table_values_are_0d_values_of_files_and_groups_alike(cwd):
     assert reader.load("2").scalar("dose") == 250.0 and reader.load("2")["dose"].shape == ()
     assert reader.load("extra").scalar("dose") == 100.0
     assert str(reader.load("3")["site"]) == "a"
-    before = expected_digests(config, discover_datasets(config))
+    before = expected_digests(config, discover_datasets(config.data_sources))
     pd.DataFrame({"ID": [1, 2, 3, "extra"], "dose": [320.0, 260.0, 400.0, 100.0], "site": ["a", "b", "a", "c"]}
                  ).to_csv("doses.csv", index=False)
-    after = expected_digests(config, discover_datasets(config))
+    after = expected_digests(config, discover_datasets(config.data_sources))
     assert {d for d in before if before[d] != after[d]} == {"2"}  # a value is part of its dataset's provenance only
 
 

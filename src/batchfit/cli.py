@@ -14,6 +14,7 @@
     batchfit sensitivity --config CONFIG      power-scaling sensitivity of every fit (sensitivity.csv)
     batchfit cache info|verify|prune|clear --config CONFIG (or --cache-dir DIR)
     batchfit simulate --model FILE --n N --out DIR   synthetic datasets from simulate()
+    batchfit defaults                         every config key with its default
     batchfit --version
 
 Errors in the user's config, data or model print one clear message and exit 2.
@@ -119,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", required=True, help="directory the datasets are written to")
     sim.add_argument("--seed", type=int, default=2026, help="seed; dataset i depends only on it and i")
     sim.add_argument("--prefix", default="dataset", help="file names: PREFIX_000.csv, PREFIX_001.csv, ...")
+    command("defaults", "print every config key with its default, from the config's schema (what config/README.md "
+                        "shows)")
     cache = command("cache", "inspect and maintain the compiled-function cache")
     cache.add_argument("action", choices=("info", "verify", "prune", "clear"),
                        help="info: entries and sizes; verify: check every file (--repair removes damaged ones); "
@@ -206,6 +209,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from batchfit.project import init_project
 
         print(init_project(args.directory).one_line())
+        return 0
+    if args.command == "defaults":
+        from batchfit.schema import defaults_yaml
+
+        print(defaults_yaml(), end="")
         return 0
     if args.command == "simulate":
         from pathlib import Path

@@ -29,6 +29,8 @@ from batchfit.settings import (
     CacheSettings,
     ColumnSettings,
     CompareSettings,
+    DataSettings,
+    DataSources,
     HealthSettings,
     OutputSettings,
     PredictSettings,
@@ -38,6 +40,7 @@ from batchfit.settings import (
     SBCSettings,
     SummarySettings,
     TableSource,
+    plain,
 )
 
 DICT_SOURCE = "<dict>"
@@ -76,9 +79,16 @@ class Config:
         """Every path under `results_dir` (`batchfit.layout`)."""
         return ResultsLayout(self.results_dir)
 
+    @property
+    def data_sources(self) -> DataSources:
+        """The few settings finding, coding and reading the sweep's datasets take (`batchfit.data`)."""
+        settings = DataSettings(self.rows, dict(self.columns), tuple(self.values), dict(self.params))
+        return DataSources(tuple(self.datasets), tuple(self.predict.data or ()), settings, self.layout,
+                           self.cache.lock_timeout, self.source)
+
     def sampler_dict(self) -> dict[str, Any]:
         """Sampler settings as a plain dict, recorded as attributes in the outputs."""
-        return _plain(self.sampler)
+        return plain(self.sampler)
 
 
 def load_config(path: str | Path) -> Config:
@@ -168,26 +178,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = DICT_SOURCE) -> Conf
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The config as JSON-able plain data, as a config file writes it; `config_from_dict` of it gives
     an equal `Config`. Derived from the dataclasses: a new setting needs no line here."""
-    return {name: value for name, value in _plain(config).items() if name not in ("source", "variant")}
-
-
-def _plain(value: Any) -> Any:
-    """A config value as a config file writes it: sections as mappings, paths as text, tuples as lists."""
-    if isinstance(value, ColumnSettings):  # its levels fix the order: the file lists only them
-        bounds = {name: bound for name in ("min", "max") if (bound := getattr(value, name)) is not None}
-        if not value.label:
-            return bounds
-        return {"levels": list(value.levels)} if value.levels is not None else {"order": value.order,
-                                                                               "scope": value.scope}
-    if dataclasses.is_dataclass(value):
-        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
+    return {name: value for name, value in plain(config).items() if name not in ("source", "variant")}
 
 
 def _build(d: dict[str, Any], source: str) -> Config:
@@ -310,7 +301,7 @@ def _column(name: str, spec: Mapping[str, Any], source: str) -> ColumnSettings:
                     key=f"columns.{name}.{other}", source=source,
                 )
         return ColumnSettings(levels=tuple(spec["levels"]), order="listed")
-    return ColumnSettings(order=spec.get("order", "sorted"), scope=spec.get("scope", "sweep"))
+    return ColumnSettings(**{key: spec[key] for key in ("order", "scope") if key in spec})
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:

@@ -34,7 +34,7 @@ def load_dataset(config_or_path: Config | str | Path, dataset_id: str, variant: 
     which one's config (its ``columns`` may code the text columns otherwise).
     """
     config = _config(config_or_path, variant)
-    paths = discover_datasets(config)
+    paths = discover_datasets(config.data_sources)
     if dataset_id not in paths:
         sources = ", ".join(str(s) if isinstance(s, str) else f"table {s.table} by {', '.join(s.by)}"
                             for s in config.datasets)

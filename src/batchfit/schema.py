@@ -46,6 +46,34 @@ def validated(data: Any, source: str) -> dict[str, Any]:
     return filled
 
 
+# config/README.md's block of defaults: the width its lines wrap at.
+_DEFAULTS_WIDTH = 112
+
+
+def defaults_yaml() -> str:
+    """Every top-level key with its default as YAML, a key a line (wrapped; a required key with the schema's example):
+    config/README.md's block of defaults and `batchfit defaults`, generated so that no default is spelled twice."""
+    lines = []
+    for name, spec in config_schema()["properties"].items():
+        value = spec["default"] if "default" in spec else spec["examples"][0]
+        flow = yaml.safe_dump([value], default_flow_style=True, sort_keys=False, width=math.inf).strip()[1:-1]
+        lines += _wrapped(f"{name}: ", flow.split(", "))
+    return "\n".join(lines) + "\n"
+
+
+def _wrapped(head: str, items: list[str]) -> list[str]:
+    """``head`` and the flow items joined by ", ", in lines of at most `_DEFAULTS_WIDTH` where items allow;
+    continued lines indented past the flow's opening bracket."""
+    lines, line = [], head + items[0]
+    for item in items[1:]:
+        if len(line) + 2 + len(item) > _DEFAULTS_WIDTH:
+            lines.append(line + ",")
+            line = " " * (len(head) + 1) + item
+        else:
+            line += ", " + item
+    return [*lines, line]
+
+
 @functools.cache
 def config_schema() -> dict[str, Any]:
     """The packaged JSON Schema of the config: the workflow's, which its Snakemake `validate` reads."""

@@ -1,16 +1,21 @@
 """The config's sections as typed, immutable settings: the sampler's, the outputs', the report's, the
-predictions', the comparisons', a dataset source's and a column's.
+predictions', the comparisons', a dataset source's and a column's; and the few settings the data stage takes
+(`DataSettings`, `DataSources`), so that it depends on them rather than on the whole config.
 
 `batchfit.config` builds them from a validated config file; the defaults are the schema's
-(``config.schema.yaml``), so a dataclass's own defaults only serve code that builds one by hand.
+(``config.schema.yaml``), so a dataclass's own defaults only serve code that builds one by hand (and a
+test checks them against the schema's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from batchfit.layout import ResultsLayout
 
 AUTO = "auto"  # batch_size: chosen from the sweep (`batchfit.sweep.plan.batch_size`)
 
@@ -208,6 +213,32 @@ NO_RULES = RowRules()  # every row kept
 
 
 @dataclass(frozen=True)
+class DataSettings:
+    """What reading a dataset takes from the config: the row rules, the columns' settings (their bounds), the
+    side tables of per-dataset values and build_model's parameters (each number among them a 0-d value)."""
+
+    rows: RowRules = RowRules()
+    columns: Mapping[str, ColumnSettings] = field(default_factory=dict)
+    values: tuple[TableSource, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataSources:
+    """What finding a sweep's datasets and coding their text columns take from the config (its
+    ``data_sources``): the sources of the config keys `datasets` and `predict.data`, the data settings (the
+    row rules and columns the tables are scanned with), the results where the scans and the label registry
+    are kept, the timeout of the registry's lock (`cache.lock_timeout`), and the config file messages name."""
+
+    datasets: tuple[str | TableSource, ...]
+    predict_data: tuple[str | TableSource, ...]
+    settings: DataSettings
+    results: ResultsLayout
+    lock_timeout: float
+    source: str
+
+
+@dataclass(frozen=True)
 class SBCSettings:
     """Simulation-based calibration (`batchfit sbc`, `snakemake sbc`), see `batchfit.sweep.sbc`.
 
@@ -245,3 +276,22 @@ class CompareSettings:
     method: str = "auto"
     max_reloo: int = 5
     kfold: KFoldSettings = field(default_factory=KFoldSettings)
+
+
+def plain(value: Any) -> Any:
+    """A config value as a config file writes it: sections as mappings, paths as text, tuples as lists."""
+    if isinstance(value, ColumnSettings):  # its levels fix the order: the file lists only them
+        bounds = {name: bound for name in ("min", "max") if (bound := getattr(value, name)) is not None}
+        if not value.label:
+            return bounds
+        return {"levels": list(value.levels)} if value.levels is not None else {"order": value.order,
+                                                                               "scope": value.scope}
+    if dataclasses.is_dataclass(value):
+        return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.common.atomic import atomic_path
-from batchfit.config import Config, config_to_dict
 from batchfit.data.discovery import DatasetIndex, discover_datasets, table_kind, table_scans
 from batchfit.data.labels import Coding, ColumnCoding
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
-from batchfit.settings import ColumnSettings, RowRules, TableSource
+from batchfit.settings import ColumnSettings, DataSettings, DataSources, RowRules, TableSource, plain
 
 log = logging.getLogger("batchfit")
 
@@ -50,8 +49,8 @@ _FORMAT = 2  # 1: before tables (no "tables" section), read as one without table
 _DEFAULT = ColumnSettings()
 
 
-def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, record: bool = True) -> Coding:
-    """The coding of every text column for the sweep of `config` (datasets `paths`, id -> file).
+def sweep_coding(sources: DataSources, paths: Mapping[str, Path] | None = None, *, record: bool = True) -> Coding:
+    """The coding of every text column for the sweep of a config's `sources` (datasets `paths`, id -> file).
 
     Scans new or changed files, appends their new labels to the registry (written atomically
     under a lock) and returns the coding every job of the sweep agrees on. Before the sweep's
@@ -62,22 +61,22 @@ def sweep_coding(config: Config, paths: Mapping[str, Path] | None = None, *, rec
     """
 
 
-    paths = discover_datasets(config) if paths is None else paths
-    path = config.layout.coding_registry
+    paths = discover_datasets(sources) if paths is None else paths
+    path = sources.results.coding_registry
     if not record or not path.parent.is_dir():
         registry = _read_registry(path)
-        _update(registry, config, paths)
+        _update(registry, sources, paths)
         if record:
             _planned[path] = registry
-        return _coding(registry, config, paths)
-    with _locked(config, path):
+        return _coding(registry, sources, paths)
+    with _locked(sources, path):
         registry = _read_registry(path)
-        if _update(registry, config, paths):
+        if _update(registry, sources, paths):
             _write_registry(path, registry)
-    return _coding(registry, config, paths)
+    return _coding(registry, sources, paths)
 
 
-def recorded_coding(config: Config, registry: Path, paths: Mapping[str, Path]) -> Coding:
+def recorded_coding(sources: DataSources, registry: Path, paths: Mapping[str, Path]) -> Coding:
     """The coding of the sweep of datasets ``paths`` from a copy of its registry, reading no data file.
 
     For a job that was given only its own batch's files (no shared filesystem,
@@ -89,7 +88,7 @@ def recorded_coding(config: Config, registry: Path, paths: Mapping[str, Path]) -
     if missing:
         raise BatchfitError(f"the staged label registry {registry} lacks {len(missing)} of the sweep's datasets "
                             f"(e.g. '{missing[0]}'): stage the job's inputs again")
-    return _coding(recorded, config, paths)
+    return _coding(recorded, sources, paths)
 
 
 # Registries computed for sweeps whose results directory did not exist yet, by path: what
@@ -97,34 +96,34 @@ def recorded_coding(config: Config, registry: Path, paths: Mapping[str, Path]) -
 _planned: dict[Path, dict[str, Any]] = {}
 
 
-def write_planned(config: Config) -> None:
-    """Write the registry this process computed for `config` while its results directory did not exist.
+def write_planned(sources: DataSources) -> None:
+    """Write the registry this process computed for `sources` while its results directory did not exist.
 
     A new sweep's plan (Snakemake's main process, before the run makes the directory) scans
     every data file; written at the run's start (`batchfit.sweep.plan.write_plan`), it spares the
     first fit job the same scan, which the other jobs waited for behind the registry's lock.
     Not over a registry some process wrote meanwhile (the jobs update that one as always).
     """
-    path = config.layout.coding_registry
+    path = sources.results.coding_registry
     registry = _planned.pop(path, None)
     if registry is None or not path.parent.is_dir():
         return
-    with _locked(config, path):
+    with _locked(sources, path):
         if not path.exists():
             _write_registry(path, registry)
 
 
 @contextlib.contextmanager
-def _locked(config: Config, path: Path) -> Iterator[None]:
+def _locked(sources: DataSources, path: Path) -> Iterator[None]:
     """Hold the registry's file lock, or say which lock a stuck job holds."""
     from filelock import FileLock, Timeout
 
-    lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=config.cache.lock_timeout)
+    lock = FileLock(path.with_name(f".{path.name}.lock"), timeout=sources.lock_timeout)
     try:
         lock.acquire()
     except Timeout:
         raise BatchfitError(f"another process held the lock {lock.lock_file} for more than "
-                            f"{config.cache.lock_timeout} s (cache.lock_timeout); is a job stuck?") from None
+                            f"{sources.lock_timeout} s (cache.lock_timeout); is a job stuck?") from None
     try:
         yield
     finally:
@@ -158,10 +157,9 @@ def _read_registry(path: Path) -> dict[str, Any]:
     return registry
 
 
-def _settings(config: Config) -> str:
+def _settings(settings: DataSettings) -> str:
     """Digest of the `columns` and `rows` config: a change makes every file be scanned again."""
-    plain = config_to_dict(config)
-    text = json.dumps([plain["columns"], plain["rows"]], sort_keys=True)
+    text = json.dumps([plain(dict(settings.columns)), plain(settings.rows)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -176,17 +174,17 @@ def _table_key(table: TableSource) -> str:
     return f"{table.table}|{','.join(table.by)}"
 
 
-def _update(registry: dict[str, Any], config: Config, paths: Mapping[str, Path]) -> bool:
+def _update(registry: dict[str, Any], sources: DataSources, paths: Mapping[str, Path]) -> bool:
     """Scan new and changed files, take in the tables' scans, append new levels of label columns; True if the
     registry changed."""
-    settings = _settings(config)
+    settings = _settings(sources.settings)
     scanned: dict[str, Any] = registry["datasets"]
     files = _files(paths)
     changed = False
     for gone in set(scanned) - set(files):
         del scanned[gone]
         changed = True
-    as_text = frozenset(name for name, column in config.columns.items() if column.label)
+    as_text = frozenset(name for name, column in sources.settings.columns.items() if column.label)
     for dataset_id, file in files.items():
         try:
             stat = Path(file).stat()
@@ -197,28 +195,28 @@ def _update(registry: dict[str, Any], config: Config, paths: Mapping[str, Path])
         if entry is not None and entry["file"] == str(file) and entry["stamp"] == stamp and stamp:
             continue
         kind = table_kind(file) if stat else None
-        columns = _scan(dataset_id, Path(file), kind, as_text, config.rows) if kind else {}
+        columns = _scan(dataset_id, Path(file), kind, as_text, sources.settings.rows) if kind else {}
         scanned[dataset_id] = {"file": str(file), "stamp": stamp,
                                "columns": {name: k for name, (k, _) in columns.items()},
                                "labels": {name: values for name, (_, values) in columns.items()
-                                          if values and _levels_from_data(config, name)}}
+                                          if values and _levels_from_data(sources, name)}}
         changed = True
     tables = {_table_key(scan.source): {"columns": list(scan.columns), "kinds": scan.kinds,
                                         "labels": {name: values for name, values in scan.labels.items()
-                                                   if _levels_from_data(config, name)}}
-              for scan in table_scans(config)}
+                                                   if _levels_from_data(sources, name)}}
+              for scan in table_scans(sources)}
     if registry["tables"] != tables:
         registry["tables"] = tables
         changed = True
-    for name, column in _label_columns(registry, config, files).items():
-        if _levels_from_data(config, name):
-            changed = _append_levels(registry, name, column, files, config) or changed
+    for name, column in _label_columns(registry, sources, files).items():
+        if _levels_from_data(sources, name):
+            changed = _append_levels(registry, name, column, files, sources) or changed
     return changed
 
 
-def _levels_from_data(config: Config, name: str) -> bool:
+def _levels_from_data(sources: DataSources, name: str) -> bool:
     """Whether column `name` takes its sweep-wide levels from the data (not listed, not per dataset, no bounds)."""
-    column = config.columns.get(name, _DEFAULT)
+    column = sources.settings.columns.get(name, _DEFAULT)
     return column.label and column.levels is None and column.scope == "sweep"
 
 
@@ -233,7 +231,7 @@ def _scan(dataset_id: str, path: Path, kind: str, as_text: frozenset[str],
         return {}
 
 
-def _label_columns(registry: Mapping[str, Any], config: Config,
+def _label_columns(registry: Mapping[str, Any], sources: DataSources,
                    files: Mapping[str, Path]) -> dict[str, ColumnSettings]:
     """The sweep's label columns with their settings: listed in the config as labels, or text in at least as many
     of the datasets that have values in it as numbers (numbers can be labels; text cannot be numbers).
@@ -249,14 +247,15 @@ def _label_columns(registry: Mapping[str, Any], config: Config,
     for table in registry["tables"].values():
         for name, kinds in table["kinds"].items():
             counts.setdefault(name, Counter()).update(kinds)
-    _check_listed_columns_exist(config, counts)
-    return {name: config.columns.get(name, _DEFAULT) for name, seen in sorted(counts.items())
-            if (name in config.columns and config.columns[name].label)
-            or (name not in config.columns and seen["text"] and seen["text"] >= seen["number"])}
+    _check_listed_columns_exist(sources, counts)
+    columns = sources.settings.columns
+    return {name: columns.get(name, _DEFAULT) for name, seen in sorted(counts.items())
+            if (name in columns and columns[name].label)
+            or (name not in columns and seen["text"] and seen["text"] >= seen["number"])}
 
 
 def _append_levels(registry: dict[str, Any], name: str, settings: ColumnSettings, files: Mapping[str, Path],
-                   config: Config) -> bool:
+                   sources: DataSources) -> bool:
     """Append the labels of column `name` not yet known (in order of appearance: datasets by id, rows in order,
     a table's labels at the group and row they first appear at); never reorder."""
     levels = registry["levels"]
@@ -281,24 +280,25 @@ def _append_levels(registry: dict[str, Any], name: str, settings: ColumnSettings
         log.warning("column '%s': new level(s) %s are appended after the existing %d so that no existing "
                     "code changes; the levels are no longer sorted (list them under 'columns: {%s: {levels: "
                     "[...]}}' in %s to fix the order)", name, ", ".join(map(repr, new[:5])), len(existing), name,
-                    config.source)
+                    sources.source)
     levels[name] = {"order": settings.order, "levels": existing + new}
     return True
 
 
-def _coding(registry: Mapping[str, Any], config: Config, paths: Mapping[str, Path]) -> Coding:
+def _coding(registry: Mapping[str, Any], sources: DataSources, paths: Mapping[str, Path]) -> Coding:
     """The label columns and their codings from a current registry; each dataset's columns (a table's group: the
     table's)."""
     files = _files(paths)
     labels = {}
-    for name, settings in _label_columns(registry, config, files).items():
+    for name, settings in _label_columns(registry, sources, files).items():
         if settings.levels is not None:
             levels: tuple[str, ...] | None = settings.levels
         elif settings.scope == "dataset":
             levels = None
         else:
             levels = tuple(registry["levels"][name]["levels"])
-        labels[name] = ColumnCoding(levels, settings.order, as_text=name in config.columns and settings.label)
+        listed = name in sources.settings.columns
+        labels[name] = ColumnCoding(levels, settings.order, as_text=listed and settings.label)
     columns_of = {d: tuple(registry["datasets"][d]["columns"]) for d in files}
     if isinstance(paths, DatasetIndex):
         table_columns = {table: tuple(registry["tables"].get(_table_key(table), {}).get("columns", ()))
@@ -310,12 +310,12 @@ def _coding(registry: Mapping[str, Any], config: Config, paths: Mapping[str, Pat
     return Coding(labels, columns_of)
 
 
-def _check_listed_columns_exist(config: Config, kinds: Mapping[str, Iterable[str]]) -> None:
+def _check_listed_columns_exist(sources: DataSources, kinds: Mapping[str, Iterable[str]]) -> None:
     """A `columns` entry naming no column of any table is a typo: say so, with a did-you-mean."""
-    for name in config.columns:
+    for name in sources.settings.columns:
         if name in kinds:
             continue
         close = difflib.get_close_matches(name, list(kinds), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"no dataset (CSV or Parquet) has a column {name!r}{hint}",
-                          key=f"columns.{name}", source=config.source)
+                          key=f"columns.{name}", source=sources.source)

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, KeysView, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from batchfit.config import Config
 from batchfit.data.discovery import check_suffix, file_kind
 from batchfit.data.labels import Coding
 from batchfit.data.rows import DroppedRows, check_bounds
 from batchfit.errors import DatasetError
-from batchfit.settings import ColumnSettings, RowRules, TableSource
+from batchfit.settings import DataSettings
 
 
 class MissingColumnError(DatasetError, KeyError):
@@ -121,23 +120,11 @@ class DataRequirement:
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
 
-@dataclass(frozen=True)
-class DataSettings:
-    """What reading a dataset takes from the config: the row rules, the columns' settings (their bounds), the
-    side tables of per-dataset values and build_model's parameters (each number among them a 0-d value)."""
-
-    rows: RowRules = RowRules()
-    columns: Mapping[str, ColumnSettings] = field(default_factory=dict)
-    values: tuple[TableSource, ...] = ()
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: Config) -> DataSettings:
-        return cls(config.rows, dict(config.columns), tuple(config.values), dict(config.params))
+_AS_IS = DataSettings()  # no row rules, bounds, side tables or parameters
 
 
 def load_dataset(dataset_id: str, path: Path, coding: Coding | None = None,
-                 settings: DataSettings = DataSettings(), values: Mapping[str, np.ndarray] | None = None,
+                 settings: DataSettings = _AS_IS, values: Mapping[str, np.ndarray] | None = None,
                  values_source: Any = None) -> Dataset:
     """Read one CSV, Parquet or NetCDF file into a `Dataset`; any read problem is a DatasetError.
 

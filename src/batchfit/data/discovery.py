@@ -15,10 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchfit.config import Config
 from batchfit.data.ids import SAFE_ID_RULE, is_safe_id, unique_ids
 from batchfit.errors import ConfigError, DatasetError
-from batchfit.settings import NO_RULES, RowRules, TableSource
+from batchfit.settings import NO_RULES, DataSources, RowRules, TableSource
 
 # The config keys listing dataset sources (`discover_datasets`): the sweep's datasets, and the new inputs
 # of its predictions.
@@ -110,9 +109,11 @@ def source_of(paths: Mapping[str, Path], dataset_id: str) -> Path | None:
     return paths.source(dataset_id) if isinstance(paths, DatasetIndex) else paths[dataset_id]
 
 
-def discover_datasets(config: Config, *, renamed: dict[str, str] | None = None, key: str = DATASETS) -> DatasetIndex:
-    """The sweep's datasets, sorted by id: the files the patterns match (relative to the current
-    directory) and the groups of its tables. ``key``: the config key listing the sources (`DATASETS` or `PREDICT_DATA`).
+def discover_datasets(sources: DataSources, *, renamed: dict[str, str] | None = None,
+                      key: str = DATASETS) -> DatasetIndex:
+    """The sweep's datasets (of a config's ``data_sources``), sorted by id: the files the patterns match (relative to
+    the current directory) and the groups of its tables. ``key``: the config key listing the sources (`DATASETS` or
+    `PREDICT_DATA`).
 
     No file stops a sweep: a file's id is its name without the suffix, and a name that cannot be
     an id as it is (characters an output file name or a Snakemake wildcard cannot take, or an id
@@ -124,10 +125,10 @@ def discover_datasets(config: Config, *, renamed: dict[str, str] | None = None, 
     """
     files: list[str] = []
     seen: set[Path] = set()
-    for number, entry in enumerate(_sources(config, key)[0]):
+    for number, entry in enumerate(_sources(sources, key)[0]):
         if isinstance(entry, TableSource):
             continue
-        for name in _expand(entry, config, f"{key}[{number}]"):
+        for name in _expand(entry, sources, f"{key}[{number}]"):
             resolved = Path(name).resolve()
             if resolved not in seen:
                 seen.add(resolved)
@@ -142,13 +143,13 @@ def discover_datasets(config: Config, *, renamed: dict[str, str] | None = None, 
         if renamed is not None and dataset_id != stem:
             renamed[dataset_id] = f"the id of file {name}, whose name {_why_renamed(stem, files)}"
     groups: dict[str, tuple[TableSource, tuple[Any, ...]]] = {}
-    for scan in table_scans(config, key=key):
+    for scan in table_scans(sources, key=key):
         where = f"table {scan.source.table} (by {', '.join(scan.source.by)})"
         for dataset_id, key in scan.ids.items():
             if dataset_id in origin:
                 raise ConfigError(f"dataset id '{dataset_id}' comes from two sources: {origin[dataset_id]} and "
                                   f"{where}; ids must be unique across the sweep's sources (rename the file, or "
-                                  "list the sources in two sweeps)", key=key, source=config.source)
+                                  "list the sources in two sweeps)", key=key, source=sources.source)
             origin[dataset_id] = where
             found[dataset_id] = str(scan.source.table)
             groups[dataset_id] = (scan.source, key)
@@ -175,7 +176,7 @@ def _why_renamed(stem: str, files: Sequence[str]) -> str:
     return f"{stem!r} is also the name of {', '.join(others)}; rename them to keep ids of your own"
 
 
-def _expand(pattern: str, config: Config, key: str) -> list[str]:
+def _expand(pattern: str, sources: DataSources, key: str) -> list[str]:
     """Files matched by one pattern (a glob or a plain path); an error if there are none."""
     if glob.has_magic(pattern):
         files = [name for name in sorted(glob.glob(pattern, recursive=True)) if os.path.isfile(name)]
@@ -190,16 +191,16 @@ def _expand(pattern: str, config: Config, key: str) -> list[str]:
         problem = (
             f"matches no file (relative patterns are resolved against the current directory {Path.cwd()})"
         )
-    raise ConfigError(f"dataset pattern {pattern!r} {problem}", key=key, source=config.source)
+    raise ConfigError(f"dataset pattern {pattern!r} {problem}", key=key, source=sources.source)
 
 
-def _sources(config: Config, key: str) -> tuple[Sequence[str | TableSource], RowRules, Path]:
+def _sources(sources: DataSources, key: str) -> tuple[Sequence[str | TableSource], RowRules, Path]:
     """The sources listed under ``key``, the row rules their tables are scanned with, and where the scans are
     cached: predict.data's new inputs are read without the row rules (which choose rows to fit), and their
     scans are kept apart, so that a table serving both keeps both scans."""
     if key == PREDICT_DATA:
-        return tuple(config.predict.data or ()), NO_RULES, config.layout.table_scans / "predict"
-    return tuple(config.datasets), config.rows, config.layout.table_scans
+        return sources.predict_data, NO_RULES, sources.results.table_scans / "predict"
+    return sources.datasets, sources.settings.rows, sources.results.table_scans
 
 
 # Scans this process made or read, by where they are cached: a plan asks for them several times.
@@ -208,37 +209,38 @@ _scans: dict[Path, Any] = {}
 _planned: dict[Path, Any] = {}
 
 
-def table_scans(config: Config, *, key: str = DATASETS) -> list[Any]:
+def table_scans(sources: DataSources, *, key: str = DATASETS) -> list[Any]:
     """The scan of each of the sweep's tables (`batchfit.data.tables.TableScan`; of those of ``key``, as
     `discover_datasets`), from the cache beside its results while the table, its keys and the row and
     column settings are unchanged, else made anew."""
     from batchfit.data import tables  # pandas: only for a sweep with tables
 
-    listed = set(config.columns)
-    as_text = {name for name, column in config.columns.items() if column.label}
-    sources, rules, directory = _sources(config, key)
+    columns = sources.settings.columns
+    listed = set(columns)
+    as_text = {name for name, column in columns.items() if column.label}
+    entries, rules, directory = _sources(sources, key)
     found = []
-    for number, entry in enumerate(sources):
+    for number, entry in enumerate(entries):
         if not isinstance(entry, TableSource):
             continue
         where = f"{key}[{number}]"
         path = Path(entry.table)
         if not path.exists():
             raise ConfigError(f"table {str(path)!r} does not exist (relative paths are resolved against the current "
-                              f"directory {Path.cwd()})", key=f"{where}.table", source=config.source)
+                              f"directory {Path.cwd()})", key=f"{where}.table", source=sources.source)
         try:
             tables.table_format(path)
         except ValueError as exc:
-            raise ConfigError(str(exc), key=f"{where}.table", source=config.source) from None
+            raise ConfigError(str(exc), key=f"{where}.table", source=sources.source) from None
         stamp = tables.table_stamp(path)
         settings = tables.scan_settings(entry, rules, as_text, listed)
         cached_at = tables.scan_path(directory, entry)
         scan = _scans.get(cached_at) or _planned.get(cached_at) or tables.TableScan.read(cached_at, entry)
         if scan is None or scan.stamp != stamp or scan.settings != settings:
             scan = tables.scan_table(entry, rules=rules, as_text=as_text, listed=listed,
-                                     config_source=config.source, key=where)
+                                     config_source=sources.source, key=where)
             if time.time_ns() - _newest_ns(stamp) > _RACY_SECONDS * 1e9:
-                if config.layout.root.is_dir():
+                if sources.results.root.is_dir():
                     scan.write(cached_at)
                 else:
                     _planned[cached_at] = scan

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from batchfit.common.hashing import file_sha256
-from batchfit.data.dataset import Dataset, DataSettings, finished, load_dataset
+from batchfit.data.dataset import Dataset, finished, load_dataset
 from batchfit.data.discovery import DatasetIndex
 from batchfit.data.ids import MISSING_KEY
 from batchfit.data.labels import Coding
 from batchfit.data.rows import DroppedRows
 from batchfit.errors import BatchfitError, DatasetError
-from batchfit.settings import RowRules, TableSource
+from batchfit.settings import DataSettings, RowRules, TableSource
 
 
 class DatasetReader:

@@ -29,7 +29,7 @@ from batchfit.compile.structures import CACHED, FAILED, NUTPIE, PYMC, Structure,
 from batchfit.compile.workers import ModelSource
 from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
-from batchfit.data.dataset import Dataset, DataSettings, check_dataset, coerce_for_model
+from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model
 from batchfit.data.discovery import discover_datasets, source_of
 from batchfit.data.labels import Coding
 from batchfit.data.reader import DatasetReader
@@ -122,8 +122,9 @@ def sweep_reader(config: Config, paths: Mapping[str, Path] | None = None, *, wan
                  record: bool = True) -> DatasetReader:
     """The reader of a sweep's datasets (``paths``: default, the config's), with the sweep's coding
     (`sweep_coding`; ``record`` false: not written)."""
-    paths = discover_datasets(config) if paths is None else paths
-    return DatasetReader(paths, DataSettings.of(config), sweep_coding(config, paths, record=record), wanted=wanted)
+    sources = config.data_sources
+    paths = discover_datasets(sources) if paths is None else paths
+    return DatasetReader(paths, sources.settings, sweep_coding(sources, paths, record=record), wanted=wanted)
 
 
 def _grouped(errors: Mapping[str, BatchfitError], paths: Mapping[str, Path]) -> list[str]:

@@ -23,11 +23,10 @@ from typing import Any
 
 from batchfit.config import Config
 from batchfit.data.coding import recorded_coding, sweep_coding
-from batchfit.data.dataset import DataSettings
 from batchfit.data.discovery import DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.errors import BatchfitError
-from batchfit.settings import TableSource
+from batchfit.settings import DataSettings, TableSource
 
 _MANIFEST = "inputs.json"
 _REGISTRY = "coding.json"
@@ -50,21 +49,22 @@ class JobInputs:
         """The datasets this job can read, id -> file: the config's, or the staged ones (a table's groups read
         from the staged copy of their rows)."""
         if self.staged is None:
-            return discover_datasets(config)
+            return discover_datasets(config.data_sources)
         return staged_index(self.staged, self._manifest)
 
     def coding(self, config: Config, paths: Mapping[str, Path]) -> Coding:
         """The sweep's coding: recorded (and updated) in the results directory, or the staged registry's."""
         if self.staged is None:
-            return sweep_coding(config, paths)
+            return sweep_coding(config.data_sources, paths)
         sweep = DatasetIndex([(d, Path()) for d in self._manifest["sweep"]])  # the sweep's files: the coding's
-        coding = recorded_coding(config, self.staged / _REGISTRY, sweep)
-        staged = recorded_coding(config, self.staged / _REGISTRY, paths)  # this job's datasets' columns
+        sources = config.data_sources
+        coding = recorded_coding(sources, self.staged / _REGISTRY, sweep)
+        staged = recorded_coding(sources, self.staged / _REGISTRY, paths)  # this job's datasets' columns
         return Coding(coding.labels, {**coding.columns_of, **staged.columns_of})
 
     def data_settings(self, config: Config) -> DataSettings:
         """What reading the datasets takes from the config; the side tables' staged copies for a staged job."""
-        settings = DataSettings.of(config)
+        settings = config.data_sources.settings
         if self.staged is None:
             return settings
         staged = [TableSource(self.staged / name, side.by)

@@ -47,7 +47,6 @@ from batchfit.compile.fingerprint import LIBRARIES
 from batchfit.config import Config, config_to_dict
 from batchfit.data.coding import sweep_coding
 from batchfit.data.coding import write_planned as write_planned_coding
-from batchfit.data.dataset import DataSettings
 from batchfit.data.discovery import discover_datasets, table_scans, write_planned_scans
 from batchfit.data.labels import Coding
 from batchfit.data.reader import DatasetReader, data_digest
@@ -141,9 +140,10 @@ def dataset_provenance(sweep: SweepParts, dataset_id: str, data_sha256: str, cod
 
 def expected_provenance(config: Config, dataset_id: str) -> Provenance:
     """What a fit of ``dataset_id`` made now with ``config`` records (data hashed afresh)."""
-    datasets = discover_datasets(config)
-    coding = sweep_coding(config, datasets)
-    reader = DatasetReader(datasets, DataSettings.of(config), coding)
+    sources = config.data_sources
+    datasets = discover_datasets(sources)
+    coding = sweep_coding(sources, datasets)
+    reader = DatasetReader(datasets, sources.settings, coding)
     return dataset_provenance(sweep_parts(config), dataset_id, reader.digest(dataset_id),
                               coding.for_dataset(dataset_id))
 
@@ -155,9 +155,10 @@ def expected_digests(config: Config, datasets: Mapping[str, Path], *, record: bo
     ``record`` false reads the coding and digest caches without updating them (`batchfit status`).
     """
     sweep = sweep_parts(config)
-    coding = sweep_coding(config, datasets, record=record)
+    sources = config.data_sources
+    coding = sweep_coding(sources, datasets, record=record)
     cache = DigestCache(config.layout.data_digests)
-    groups = {d: digest for scan in table_scans(config) for d, digest in scan.digests.items()}
+    groups = {d: digest for scan in table_scans(sources) for d, digest in scan.digests.items()}
     side = read_side_values(config.values, config.source) if config.values else None
     own = _OwnCoding(coding)
     digests = {}
@@ -246,7 +247,7 @@ def write_planned(config: Config) -> None:
     warm sweep of many small datasets. Not over files a process wrote since.
     """
     write_planned_scans()
-    write_planned_coding(config)
+    write_planned_coding(config.data_sources)
     path = config.layout.data_digests
     digests = _planned_digests.pop(path, None)
     if digests is not None and path.parent.is_dir() and not path.exists():

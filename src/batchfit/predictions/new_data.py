@@ -29,13 +29,14 @@ from typing import Any
 import numpy as np
 
 from batchfit.config import Config
-from batchfit.data.dataset import Dataset, DataSettings, load_dataset, with_params
+from batchfit.data.dataset import Dataset, load_dataset, with_params
 from batchfit.data.discovery import PREDICT_DATA, DatasetIndex, discover_datasets
 from batchfit.data.labels import Coding
 from batchfit.data.reader import DatasetReader
 from batchfit.errors import ConfigError, DatasetError, ModelContractError
 from batchfit.model.model_file import use_model_folder
 from batchfit.model.user_traceback import model_code_error
+from batchfit.settings import DataSettings
 
 EXTEND = "extend"  # the model file's hook for predict.horizon
 
@@ -45,7 +46,7 @@ def new_data_files(config: Config) -> DatasetIndex:
     name without the suffix, a group's key values, made safe ids as the sweep's are); otherwise none."""
     if config.predict.data is None:
         return DatasetIndex()
-    return discover_datasets(config, key=PREDICT_DATA)
+    return discover_datasets(config.data_sources, key=PREDICT_DATA)
 
 
 def new_data_reader(config: Config, files: DatasetIndex, coding: Coding, wanted: Iterable[str]) -> DatasetReader:

@@ -55,7 +55,8 @@ def expected_prediction_digests(config: Config, fit_digests: Mapping[str, str], 
     scan's), so that a changed group re-predicts that dataset only."""
     parts = predict_parts(config)
     cache = DigestCache(config.layout.data_digests)
-    groups = {d: digest for scan in table_scans(config, key=PREDICT_DATA) for d, digest in scan.digests.items()}
+    groups = {d: digest for scan in table_scans(config.data_sources, key=PREDICT_DATA)
+              for d, digest in scan.digests.items()}
 
     def inputs(dataset_id: str) -> str:
         if dataset_id in groups:

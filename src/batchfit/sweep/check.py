@@ -149,7 +149,7 @@ def check_model(config: Config, *, datasets: bool = True, every_model: bool = Fa
     # Before compiling anything: refuse an untrusted cache, and compile into the config's cache.
     open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
     renamed: dict[str, str] = {}
-    paths = discover_datasets(config, renamed=renamed)
+    paths = discover_datasets(config.data_sources, renamed=renamed)
     reader = sweep_reader(config, paths)
     try:
         ref = reference_model(config, reader)

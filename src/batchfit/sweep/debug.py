@@ -37,7 +37,7 @@ def debug_dataset(config: Config, dataset_id: str, *, draws: int = 200, tune: in
     raises (its cause keeps the model's frames, for `post_mortem`), a DatasetError for bad data.
     """
     cache = open_cache(config.cache_dir, trust_shared=config.cache.trust_shared)
-    paths = discover_datasets(config)
+    paths = discover_datasets(config.data_sources)
     if dataset_id not in paths:
         raise DatasetError(f"not among the datasets of config {config.source} ({len(paths)} dataset(s); "
                            "batchfit check lists the ids of files whose names are no usable ids)", dataset=dataset_id)

@@ -57,7 +57,7 @@ def plan(config: Config, cores: int | None = 1) -> Plan:
     their sweep recorded, see `sweep_plan`.) Cheap enough for every parse: no model is built
     (see `batchfit.fitting.provenance` for the costs). ``cores``: as for `batch_size`.
     """
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     expected = expected_digests(config, datasets)
     register = FitRegister.current(config.layout)
     ids = list(datasets)
@@ -160,7 +160,7 @@ def still_pending(config: Config, dataset_ids: Sequence[str]) -> list[str]:
 
     A retried job (after its first attempt was killed) fits only what the first one left.
     """
-    expected = expected_digests(config, discover_datasets(config))  # all: the coding is the sweep's
+    expected = expected_digests(config, discover_datasets(config.data_sources))  # all: the coding is the sweep's
     recorded = {d: files_entry(config.layout, d) for d in dataset_ids}  # its own files: a killed attempt's fits
     return [d for d in dataset_ids if d not in expected or (recorded[d] or [None, None])[:2] != [FIT, expected[d]]]
 

@@ -104,7 +104,7 @@ def predict_one(config: Config, dataset_id: str, new_data: Any = None) -> Any:
             raise ConfigError("without a predict key in the config, give the new data", key="predict",
                               source=config.source)
         config = dataclasses.replace(config, predict=dataclasses.replace(config.predict, data=()))
-    paths = discover_datasets(config)
+    paths = discover_datasets(config.data_sources)
     if dataset_id not in paths:
         raise DatasetError(f"no dataset {dataset_id!r} among the config's datasets ({config.source})",
                            dataset=dataset_id)

@@ -52,7 +52,7 @@ def predict_plan(config: Config, cores: int | None = 1, *, record: bool = True) 
     `batchfit.sweep.plan.batch_size`. Cheap enough for every parse: no model is built."""
     if not config.predict.enabled:
         return PredictPlan([], {})
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     fits = expected_digests(config, datasets, record=record)
     new_files = new_data_files(config)
     predicted = list(new_files) if config.predict.source == "data" else list(datasets)

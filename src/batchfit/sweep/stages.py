@@ -141,7 +141,7 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
     """
     adopt_batch_outputs(config.layout, batch_outputs)
 
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     # The helpers start now, so that their start-up (collect's imports) overlaps this process's
     # own, and the digests' computing: ready when collect knows which fits are new.
     with summary_helpers.started(summary_helpers.helpers_for(workers, len(datasets))) as helpers:

@@ -138,7 +138,7 @@ def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
 def _states(config: Config) -> dict[str, tuple[str, str]]:
     """Each dataset's state and a short reason, in id order."""
 
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     expected = expected_digests(config, datasets, record=False)
     register = FitRegister.current(config.layout)
     states = {}

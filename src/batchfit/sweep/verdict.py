@@ -29,7 +29,7 @@ OK, WARNING = "ok", "warning"  # datasets.csv's statuses of a fitted dataset
 def failure_report(config: Config) -> str | None:
     """What a run with failed datasets ends with, None when every dataset was fitted: the count, one line
     per distinct reason (`batchfit.common.grouping`) and where to look."""
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     reasons = {}
     for path in sorted(config.layout.failures.glob("*.json")):
         if path.stem in datasets:

@@ -75,7 +75,7 @@ def rank_simulations(config: Config, *, plots: bool = True) -> SBCResult:
 
 
     sweep = sbc_config(config)
-    datasets = discover_datasets(sweep)
+    datasets = discover_datasets(sweep.data_sources)
     expected = expected_digests(sweep, datasets)
     register = settle(sweep.layout, datasets)  # the simulated fits are all done: the rule runs after them
     fitted, failed, missing = [], {}, []

@@ -32,7 +32,7 @@ def simulation_ids(n: int) -> list[str]:
 
 def template(config: Config) -> tuple[str, Path]:
     """The template dataset's id and file: ``sbc.template``, or the first dataset by id."""
-    datasets = discover_datasets(config)
+    datasets = discover_datasets(config.data_sources)
     wanted = config.sbc.template or next(iter(datasets))
     if wanted not in datasets:
         raise ConfigError(f"dataset {wanted!r} is not among the config's datasets "
@@ -98,7 +98,8 @@ def template_sweep_coding(config: Config) -> dict[str, Any]:
     """
 
     template_id, _ = template(config)
-    return sweep_coding(config, discover_datasets(config)).for_dataset(template_id)
+    sources = config.data_sources
+    return sweep_coding(sources, discover_datasets(sources)).for_dataset(template_id)
 
 
 def recorded_levels(config: Config) -> dict[str, list[str]]:
