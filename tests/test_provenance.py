@@ -188,7 +188,8 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     assert pending(config) == [] and compile_stamp_path(config) == stamp
 
 
-@pytest.mark.parametrize("subpackage", ["common", "compat", "data", "model", "cache", "compile", "fitting"])
+@pytest.mark.parametrize("subpackage",
+                         ["common", "compat", "data", "model", "cache", "numba_ops", "compile", "fitting"])
 def test_the_code_digest_covers_every_subpackage_a_fit_runs(tmp_path: Path, subpackage: str) -> None:
     """Editing any module of a subpackage on the fitting path changes every fit's code digest (so
     the plan refits); editing collect or the sweep's code (outputs/, sweep/) changes none."""

@@ -54,7 +54,7 @@ UNSUPPORTED_EXIT = 4
 
 
 # What numba and PyTensor read once, when imported: the cache's directories (`open_cache`) and
-# numba's CPU target (`batchfit.compile.cputarget`). A compile worker may start before its parent has
+# numba's CPU target (`batchfit.numba_ops.cputarget`). A compile worker may start before its parent has
 # set them, so it imports those libraries only once told them (`worker_environment`).
 WORKER_ENVIRONMENT = ("PYTENSOR_FLAGS", "NUMBA_CACHE_DIR", "NUMBA_CPU_NAME")
 WORKER_MODULE = "batchfit.compile.worker"  # what a worker runs: python -m WORKER_MODULE

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("batchfit").setLevel(logging.INFO)
     logging.captureWarnings(True)
 
-    # numba's CPU target comes with the job's environment (`batchfit.compile.cputarget`), inherited:
+    # numba's CPU target comes with the job's environment (`batchfit.numba_ops.cputarget`), inherited:
     # this process loads the entries the job loads.
     config = spec["config"]
 
