@@ -282,9 +282,9 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
                                                          caplog) -> None:
     """run_collect starts its helper processes before it knows which fits are new: they summarise
     their share when there are new fits, and are killed unused when there are none."""
-    import batchfit.outputs.summary_helpers as summary_workers
+    from batchfit.outputs import summary_pool
 
-    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    monkeypatch.setattr(summary_pool, "FITS_PER_PROCESS", 1)
     started: list[subprocess.Popen] = []
 
     class Recorded(subprocess.Popen):
@@ -292,7 +292,7 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(summary_workers.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(summary_pool.subprocess, "Popen", Recorded)
     config = config_from_dict(settings(project, session_cache))
     with caplog.at_level("INFO", logger="batchfit"):
         assert run_collect(config, workers=3).summarised_ids == list(IDS)

@@ -23,7 +23,7 @@ from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compile.extras import warm_extras
 from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
 from batchfit.compile.sampler import SamplerFunctions
-from batchfit.compile.workers import NO_OUTPUTS, PARTS
+from batchfit.compile.worker_pool import NO_OUTPUTS, PARTS
 from batchfit.errors import CachedPathUnsupported, one_line
 from batchfit.numba_ops.nopython import record_generic_fallbacks
 from batchfit.settings import OutputSettings

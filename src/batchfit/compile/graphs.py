@@ -120,7 +120,7 @@ def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None,
     """Compile the graphs of the callbacks ``kinds`` with PyTensor's numba backend; the spec lists their inputs.
 
     Only the kinds asked for: PyTensor's rewrites of a graph take a compile worker up to 1-2 s, and
-    each of the two workers compiles one callback (`batchfit.compile.workers.PARTS`).
+    each of the two workers compiles one callback (`batchfit.compile.worker_pool.PARTS`).
     """
     from pymc.pytensorf import compile as compile_pymc
 
