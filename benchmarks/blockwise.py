@@ -3,7 +3,7 @@
 Measures, for the log density and its gradient w.r.t. all value variables:
 
 * evaluation time (median of many calls) with ``mode="NUMBA"`` (numba backend, with
-  ``batchfit.compile.linalg`` registered), PyTensor's C backend and ``mode="FAST_COMPILE"`` (the
+  ``batchfit.numba_ops.linalg`` registered), PyTensor's C backend and ``mode="FAST_COMPILE"`` (the
   Python fallback). Note: in PyTensor 3.3 ``mode="FAST_RUN"`` resolves to the *numba*
   linker unless ``config.linker`` is set, so the C backend is requested explicitly as
   ``mode="CVM"`` (= ``Mode(linker="cvm", optimizer="fast_run")``, FAST_RUN's rewrites with
@@ -66,7 +66,7 @@ def build_model(seed: int = 0):
 
 
 def _logp_dlogp(model):
-    from batchfit.compile.nopython import model_graphs
+    from batchfit.numba_ops.nopython import model_graphs
 
     outputs, inputs = model_graphs(model)
     return outputs, inputs
@@ -85,8 +85,8 @@ def child_compile() -> dict:
     t_start = time.perf_counter()
     import pytensor
 
-    import batchfit.compile.linalg  # noqa: F401
-    from batchfit.compile.nopython import fallbacks_in_function
+    import batchfit.numba_ops.linalg  # noqa: F401
+    from batchfit.numba_ops.nopython import fallbacks_in_function
 
     t_imported = time.perf_counter()
     model = build_model()
@@ -182,7 +182,7 @@ def describe_function(fn, args) -> dict:
     from pytensor.link.numba.linker import NumbaLinker
     from pytensor.tensor.blockwise import Blockwise, BlockwiseWithCoreShape
 
-    from batchfit.compile.nopython import fallbacks_in_function
+    from batchfit.numba_ops.nopython import fallbacks_in_function
 
     fgraph = fn.maker.fgraph
     if isinstance(fn.maker.linker, NumbaLinker):
@@ -216,7 +216,7 @@ def child_evaluate(budget_s: float) -> dict:
     import numpy as np
     import pytensor
 
-    import batchfit.compile.linalg  # noqa: F401
+    import batchfit.numba_ops.linalg  # noqa: F401
 
     model = build_model()
     outputs, inputs = _logp_dlogp(model)

@@ -51,7 +51,7 @@ def child(args: argparse.Namespace) -> None:
     import pymc  # noqa: F401
 
     from batchfit.compile.build import compile_model
-    from batchfit.compile.workers import ModelSource
+    from batchfit.compile.worker_pool import ModelSource
     from batchfit.data.dataset import load_dataset
     from batchfit.model.model_file import build_model, load_model_file
 

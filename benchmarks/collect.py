@@ -4,7 +4,7 @@
 
 Writes N synthetic fits shaped like the example model's (``models/hierarchical.py``: mu_a,
 sigma_a, a[groups] with 3-8 groups, b, sigma; 2 chains x 200 draws; nutpie's sample stats; 30
-rows of data) through batchfit's own write path (``batchfit.fitting.fit_file.write_fit``), with draws from a
+rows of data) through batchfit's own write path (``batchfit.fitting.netcdf_writer.write_fit``), with draws from a
 random generator (no sampling: this measures collect alone). Fits are written once under
 benchmarks/results/collect/fits/ and shared by every N (the first N of them).
 
@@ -49,7 +49,7 @@ def write_fits(n: int) -> float:
     import numpy as np
     import xarray as xr
 
-    from batchfit.fitting.fit_file import write_fit
+    from batchfit.fitting.netcdf_writer import write_fit
     from batchfit.model.variables import FREE, ROLE_ATTR
 
     FITS.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ callbacks can.
 Then, on that warm cache, ``chains: 1`` fit jobs (``fit_batch``, each in a fresh process) of
 ``--lanes-n`` datasets: one with 1 thread, held to one core (``os.sched_setaffinity``, as a
 cluster's allocation of one core would: unpinned, its main thread and its chain already use two
-cores), and one with 2 threads (two lanes: the job's process and a helper, `batchfit.fitting.lanes`).
+cores), and one with 2 threads (two lanes: the job's process and a helper, `batchfit.fitting.lane_pool`).
 Printed: their throughput over the second half of the batch (steady state) and over the whole
 job from ``fit_batch``'s call (with the helper's start), and the ratio (target >= 1.8).
 

@@ -118,7 +118,7 @@ READY_SCRIPT = textwrap.dedent("""
 
     from batchfit.cache.store import open_cache
     from batchfit.compile.build import compile_model
-    from batchfit.compile.workers import ModelSource
+    from batchfit.compile.worker_pool import ModelSource
     from batchfit.data.dataset import load_dataset
     from batchfit.model.model_file import build_model, load_model_file
 

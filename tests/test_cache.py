@@ -119,7 +119,7 @@ WARM_SCRIPT = textwrap.dedent("""
     from batchfit.cache.store import open_cache
     from batchfit.compile.build import compile_model
     from batchfit.data.dataset import load_dataset
-    from batchfit.compile.workers import ModelSource
+    from batchfit.compile.worker_pool import ModelSource
     from batchfit.model.model_file import build_model, load_model_file
     import nutpie
 
@@ -181,7 +181,7 @@ def prime(model_file: Path, data_file: Path, cache_dir: Path) -> str:
     """Make sure the cache holds the model's entry (compiled in a worker if absent); its key."""
     from batchfit.cache.store import open_cache
     from batchfit.compile.build import compile_model
-    from batchfit.compile.workers import ModelSource
+    from batchfit.compile.worker_pool import ModelSource
     from batchfit.data.dataset import load_dataset
     from batchfit.model.model_file import build_model, load_model_file
 

@@ -105,7 +105,8 @@ def test_fit_resources_follow_the_measurement_the_batch_and_the_attempt(tmp_path
 
 def _target_in_child(env: dict[str, str], cpu_target: str) -> list:
     """The CPU target of the cache key, as a fresh process that applies ``cpu_target`` sees it."""
-    code = ("import json, sys; from batchfit.compile.cputarget import apply_cpu_target; apply_cpu_target(sys.argv[1]);"
+    code = ("import json, sys; from batchfit.numba_ops.cputarget import apply_cpu_target;"
+            "apply_cpu_target(sys.argv[1]);"
             "import numba, llvmlite.binding as llvm; from batchfit.compile import fingerprint as fp;"
             "print(json.dumps([fp.environment_fingerprint(), numba.config.CPU_NAME, numba.config.CPU_FEATURES,"
             "llvm.get_host_cpu_name()]))")
@@ -131,8 +132,8 @@ def test_generic_cpu_target_gives_numba_a_portable_cpu_and_its_own_cache_key():
 def test_cpu_target_cannot_change_once_numba_is_loaded():
     import numba  # noqa: F401 - loaded for the host CPU, as in every test process
 
-    from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.errors import BatchfitError
+    from batchfit.numba_ops.cputarget import apply_cpu_target
 
     with pytest.raises(BatchfitError, match="cache.cpu_target 'generic' .* must be set before numba is loaded"):
         apply_cpu_target("generic", "sweep.yaml")

@@ -27,7 +27,7 @@ from batchfit.model.variables import DETERMINISTIC, ROLE_ATTR
 from batchfit.outputs.collect import collect, collect_fits
 from batchfit.outputs.combined import dataset_posterior
 from batchfit.outputs.health import DATASET_COLUMNS
-from batchfit.outputs.summaries import dataset_health
+from batchfit.outputs.summary_cache import dataset_health
 from batchfit.records import fit_attributes
 from batchfit.records.manifest import Outcome
 
@@ -551,7 +551,7 @@ def assert_posteriors_equal_fits(config: Config, ids: list[str]) -> None:
 
 def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Config, monkeypatch) -> None:
     import batchfit.outputs.collect as collect_module
-    import batchfit.outputs.summaries as summaries_module
+    from batchfit.outputs import summary_cache
 
     def not_again(path):
         raise AssertionError(f"{path} was read a second time")
@@ -560,12 +560,12 @@ def test_a_new_fit_is_read_once_its_draws_staged_between_the_passes(sweep: Confi
     report = collect(sweep, IDS)
     assert report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
     assert_posteriors_equal_fits(sweep, report.posterior_read_ids)
-    assert not (sweep.results_dir / "summaries" / summaries_module.STAGED).exists()  # nothing left behind
+    assert not (sweep.results_dir / "summaries" / summary_cache.STAGED).exists()  # nothing left behind
 
 
 def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> None:
     import batchfit.outputs.collect as collect_module
-    import batchfit.outputs.summaries as summaries_module
+    from batchfit.outputs import summary_cache
     from batchfit.outputs.combined import read_posterior
 
     read = []
@@ -574,7 +574,7 @@ def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> 
         read.append(path.stem)
         return read_posterior(path)
 
-    monkeypatch.setattr(summaries_module, "STAGE_MAX_BYTES", 0)
+    monkeypatch.setattr(summary_cache, "STAGE_MAX_BYTES", 0)
     monkeypatch.setattr(collect_module, "read_posterior", noted)
     report = collect(sweep, IDS)
     assert read == report.posterior_read_ids == ["store_01", "store_02", "store_03", "store_07"]
@@ -583,7 +583,7 @@ def test_draws_too_large_to_stage_are_read_again(sweep: Config, monkeypatch) -> 
 
 def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> None:
     """Draws staged for a fit since refitted are not used, nor are damaged ones: the fit is read."""
-    from batchfit.outputs.summaries import STAGED, SummaryCache
+    from batchfit.outputs.summary_cache import STAGED, SummaryCache
 
     cache = SummaryCache(sweep.results_dir / "summaries", sweep.summary, sweep.health)
     cache.entry("store_07", sweep.layout.fit("store_07"))  # staged, then a collect stopped before posteriors.nc
@@ -602,12 +602,12 @@ def test_staged_draws_serve_only_the_fit_they_were_read_from(sweep: Config) -> N
 def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monkeypatch, caplog) -> None:
     """With workers, the new fits are shared out between this process and helper processes (some
     summarised here, the others in helpers), and collect's outputs equal a collect without workers."""
-    import batchfit.outputs.summary_helpers as summary_workers
-    from batchfit.outputs.summaries import SummaryCache
+    from batchfit.outputs import summary_pool
+    from batchfit.outputs.summary_cache import SummaryCache
 
     write_fit(sweep, "store 08", 5, seed=8)  # a helper reports ids a line each: a space is part of one
     ids = [*IDS, "store 08"]
-    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 2)  # a process per 2 fits, not per 25
+    monkeypatch.setattr(summary_pool, "FITS_PER_PROCESS", 2)  # a process per 2 fits, not per 25
     here = []
     compute = SummaryCache._compute
 
@@ -629,9 +629,9 @@ def test_helper_processes_share_the_new_fits(sweep: Config, tmp_path: Path, monk
 def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: Path, monkeypatch) -> None:
     """A helper that exits at once (here every helper: a "Python" that is /bin/false) writes nothing;
     collect summarises its share itself and its outputs are those of a collect without helpers."""
-    import batchfit.outputs.summary_helpers as summary_workers
+    from batchfit.outputs import summary_pool
 
-    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    monkeypatch.setattr(summary_pool, "FITS_PER_PROCESS", 1)
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # every helper dies at once
     report = collect(sweep, IDS, workers=3)
     assert report.summarised_ids == ["store_01", "store_02", "store_03", "store_07"]
@@ -642,9 +642,9 @@ def test_helpers_that_die_leave_their_share_to_collect(sweep: Config, tmp_path: 
 
 
 def test_a_fit_no_process_can_summarise_fails_collect_as_without_helpers(sweep: Config, monkeypatch) -> None:
-    import batchfit.outputs.summary_helpers as summary_workers
+    from batchfit.outputs import summary_pool
 
-    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    monkeypatch.setattr(summary_pool, "FITS_PER_PROCESS", 1)
     sweep.layout.fit("store_02").write_bytes(b"not netcdf")
     with pytest.raises(DatasetError, match=r"store_02.*store_02\.nc"):
         collect(sweep, IDS, workers=2)

@@ -34,7 +34,7 @@ WARNING_MODEL = textwrap.dedent("""\
 def compile_in_child(tmp_path: Path, source: str, cache_dir: Path, workers: int = 1):
     from batchfit.cache.store import open_cache
     from batchfit.compile.build import compile_model
-    from batchfit.compile.workers import ModelSource
+    from batchfit.compile.worker_pool import ModelSource
     from batchfit.data.dataset import load_dataset
     from batchfit.model.model_file import build_model, load_model_file
 
@@ -104,7 +104,7 @@ def test_a_worker_that_dies_is_batchfits_failure_with_its_last_words(tmp_path, s
 
     source = WARNING_MODEL.format(tag="x", centre="0.5") + textwrap.dedent("""
         import os, sys
-        if sys.argv[0].endswith(os.path.join("compile", "worker.py")):
+        if sys.argv[0].endswith(os.path.join("compile", "worker_process.py")):
             print("the worker's last words", file=sys.stderr, flush=True)
             os._exit(7)
     """)
@@ -154,7 +154,7 @@ def test_the_early_worker_compiles_for_the_cpu_target_the_config_sets_after_it_s
               "cache_dir": str(tmp_path / "cache"), "results_dir": str(tmp_path / "results"),
               "cache": {"cpu_target": "generic"}}
     job = textwrap.dedent(f"""\
-        from batchfit.compile.workers import compile_workers
+        from batchfit.compile.worker_pool import compile_workers
 
         with compile_workers(2) as workers:
             from batchfit.sweep.stages import run_compile
@@ -175,8 +175,8 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     longest part) and a second one the rest; on a hit the early worker is killed unused. Every
     worker has exited when the job ends."""
     import batchfit.compile.build as build_module
-    import batchfit.compile.workers as workers_module
-    from batchfit.compile.workers import compile_workers
+    from batchfit.compile import worker_pool
+    from batchfit.compile.worker_pool import compile_workers
     from batchfit.config import config_from_dict
     from batchfit.sweep.stages import run_compile
 
@@ -185,13 +185,13 @@ def test_the_compile_job_starts_its_logp_worker_before_it_knows_the_key(tmp_path
     class Recorded(subprocess.Popen):
         def __init__(self, args, **kwargs):
             super().__init__(args, **kwargs)
-            if args[-2:] == ["-m", "batchfit.compile.worker"]:
+            if args[-2:] == ["-m", "batchfit.compile.worker_process"]:
                 events.append(("started", self))
 
-    key, run_worker = build_module.sampler_key, workers_module._run_worker
+    key, run_worker = build_module.sampler_key, worker_pool._run_worker
     monkeypatch.setattr(subprocess, "Popen", Recorded)
     monkeypatch.setattr(build_module, "sampler_key", lambda *a: (events.append(("key", None)), key(*a))[1])
-    monkeypatch.setattr(workers_module, "_run_worker",
+    monkeypatch.setattr(worker_pool, "_run_worker",
                         lambda proc, argv, part: (events.append((part, proc)), run_worker(proc, argv, part))[1])
     (tmp_path / "model.py").write_text(WARNING_MODEL.format(tag="an early worker", centre="0.125"))
     (tmp_path / "data").mkdir()

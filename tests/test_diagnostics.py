@@ -136,7 +136,7 @@ def test_summary_of_default_settings_is_arviz_stats_summary_with_its_defaults(ki
     import arviz_stats
     from arviz_base import from_dict, rc_context
 
-    from batchfit.outputs.summaries import summarise_posterior
+    from batchfit.outputs.summary_cache import summarise_posterior
     from batchfit.settings import SummarySettings
 
     rng = np.random.default_rng(45)

@@ -1,4 +1,4 @@
-"""A fit job with more threads than chains: helper processes fit datasets of its batch (`batchfit.fitting.lanes`).
+"""A fit job with more threads than chains: helper processes fit datasets of its batch (`batchfit.fitting.lane_pool`).
 
 The model file here is the bundled hierarchical model (the same graph, so the session's cache
 entry serves it) with a gate: the job's own process does not build a dataset until a helper has

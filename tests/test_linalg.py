@@ -8,7 +8,7 @@ numba graph and (b) match NumPy/SciPy references (values) and PyTensor's Python 
 
 Every linear-algebra case also runs with the numba core-shape rewrite disabled, so every
 ``Blockwise`` reaches numba without a known core output shape: the path that fell back to
-object mode before ``batchfit.compile.linalg`` (seen as ``Blockwise{AllocDiag}`` in gradients of
+object mode before ``batchfit.numba_ops.linalg`` (seen as ``Blockwise{AllocDiag}`` in gradients of
 batched Cholesky solves, depending on rewrite order).
 """
 
@@ -35,8 +35,8 @@ from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.blockwise import Blockwise
 from testkit import REPO
 
-import batchfit.compile.linalg  # noqa: F401  (registers the numba implementations)
-from batchfit.compile.nopython import (
+import batchfit.numba_ops.linalg  # noqa: F401  (registers the numba implementations)
+from batchfit.numba_ops.nopython import (
     fallbacks_in_function,
     model_fallbacks,
     model_graphs,
@@ -243,7 +243,7 @@ def test_blockwise_without_core_shape_rejects_runtime_broadcasting():
 
 
 #: Run in a fresh interpreter: a batched solve whose Blockwise reaches numba without a core shape,
-#: compiled before and after importing batchfit.compile.linalg (and after registering twice more).
+#: compiled before and after importing batchfit.numba_ops.linalg (and after registering twice more).
 REGISTRATION_SCRIPT = """
 import json, warnings
 import numpy as np
@@ -265,23 +265,23 @@ def compile_and_run():
             "error": float(np.max(np.abs(out - np.linalg.solve(a, b))))}
 
 result = {"before": compile_and_run()}
-import batchfit.compile.linalg
+import batchfit.numba_ops.linalg
 result["after"] = compile_and_run()
-batchfit.compile.linalg.register()
-batchfit.compile.linalg.register()
+batchfit.numba_ops.linalg.register()
+batchfit.numba_ops.linalg.register()
 result["dispatch_kept"] = (numba_funcify_and_cache_key.dispatch(Blockwise)
-                           is batchfit.compile.linalg.numba_funcify_Blockwise_dynamic_core_shape)
+                           is batchfit.numba_ops.linalg.numba_funcify_Blockwise_dynamic_core_shape)
 result["again"] = compile_and_run()
 print(json.dumps(result))
 """
 
 
 def test_importing_batchfit_linalg_moves_blockwise_from_object_mode_to_nopython():
-    """Checked in a fresh process, since this module imported batchfit.compile.linalg already."""
+    """Checked in a fresh process, since this module imported batchfit.numba_ops.linalg already."""
     proc = subprocess.run([sys.executable, "-c", REGISTRATION_SCRIPT], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # without batchfit.compile.linalg PyTensor runs the Blockwise's perform in object mode ...
+    # without batchfit.numba_ops.linalg PyTensor runs the Blockwise's perform in object mode ...
     assert any("Blockwise{Solve" in m for m in result["before"]["object_mode"]), result["before"]
     # ... with it the same graph compiles in nopython mode, to the same values
     assert result["after"]["object_mode"] == [], result["after"]

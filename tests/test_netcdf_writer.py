@@ -1,4 +1,4 @@
-"""`batchfit.fitting.fit_file` writes the file xarray's own netCDF4 writer writes.
+"""`batchfit.fitting.netcdf_writer` writes the file xarray's own netCDF4 writer writes.
 
 Each tree is written by both; the files must decode to identical trees and hold the same
 netCDF structure: groups, dimensions (in order), variables (in order) with their types,
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from batchfit.fitting.fit_file import _encoded, write_datatree
+from batchfit.fitting.netcdf_writer import _encoded, write_datatree
 
 
 def _structure(group: netCDF4.Group) -> dict:

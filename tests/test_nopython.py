@@ -1,4 +1,4 @@
-"""batchfit.compile.nopython: finding ops that numba runs in object mode or cannot cache."""
+"""batchfit.numba_ops.nopython: finding ops that numba runs in object mode or cannot cache."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pytensor.graph.op import Op
 from pytensor.link.numba.dispatch.basic import numba_funcify
 from pytensor.tensor.blockwise import Blockwise
 
-from batchfit.compile.nopython import (
+from batchfit.numba_ops.nopython import (
     Fallback,
     fallbacks_in_function,
     find_fallbacks,

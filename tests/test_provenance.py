@@ -187,7 +187,8 @@ def test_an_edited_module_beside_the_model_makes_every_dataset_pending(project: 
     assert pending(config) == [] and compile_stamp_path(config) == stamp
 
 
-@pytest.mark.parametrize("subpackage", ["common", "compat", "records", "data", "model", "cache", "compile", "fitting"])
+@pytest.mark.parametrize("subpackage",
+                         ["common", "compat", "records", "data", "model", "cache", "numba_ops", "compile", "fitting"])
 def test_the_code_digest_covers_every_subpackage_a_fit_runs(tmp_path: Path, subpackage: str) -> None:
     """Editing any module of a subpackage on the fitting path changes every fit's code digest (so
     the plan refits); editing collect or the sweep's code (outputs/, sweep/) changes none."""
@@ -280,9 +281,9 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
                                                          caplog) -> None:
     """run_collect starts its helper processes before it knows which fits are new: they summarise
     their share when there are new fits, and are killed unused when there are none."""
-    import batchfit.outputs.summary_helpers as summary_workers
+    from batchfit.outputs import summary_pool
 
-    monkeypatch.setattr(summary_workers, "FITS_PER_PROCESS", 1)
+    monkeypatch.setattr(summary_pool, "FITS_PER_PROCESS", 1)
     started: list[subprocess.Popen] = []
 
     class Recorded(subprocess.Popen):
@@ -290,7 +291,7 @@ def test_collect_starts_its_helpers_first_and_each_exits(project: Path, session_
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(summary_workers.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(summary_pool.subprocess, "Popen", Recorded)
     config = config_from_dict(settings(project, session_cache))
     with caplog.at_level("INFO", logger="batchfit"):
         assert run_collect(config, workers=3).summarised_ids == list(IDS)

@@ -14,7 +14,7 @@ from testkit import HIERARCHICAL, REPO
 
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import DatasetError, RecordError
-from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.fitting.fit_register import files_entry
 from batchfit.fitting.outcome import BatchReport, record_failure, write_manifest
 from batchfit.fitting.provenance import record_digest

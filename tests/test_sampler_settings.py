@@ -241,7 +241,7 @@ def test_initvals_and_jitter_give_the_initial_point_nutpies_compile_gives(tmp_pa
 def test_max_treedepth_3_saturates_a_funnel(tmp_path, session_cache):
     """At most 2^3 leapfrog steps: most draws of the funnel reach the maximum depth, few do at the default 10;
     health's max_treedepth_fraction is that share, and names it as the reason of the warning."""
-    from batchfit.outputs.summaries import dataset_health
+    from batchfit.outputs.summary_cache import dataset_health
 
     frames = {"f": pd.DataFrame({"scale": [1.0]})}
     shallow = sweep(tmp_path / "shallow", FUNNEL, frames, session_cache, {"max_treedepth": 3})

@@ -304,7 +304,7 @@ def test_a_simulated_text_column_is_written_as_the_templates_labels(tmp_path: Pa
     config = config_from_dict(raw)
     assert simulate(config).written == 3
     sweep = sbc_config(config)
-    sweep = config_from_dict(config_to_dict(sweep), source=sweep.source)  # as `batchfit.fitting.lanes` passes it
+    sweep = config_from_dict(config_to_dict(sweep), source=sweep.source)  # as `batchfit.fitting.lane_pool` passes it
     datasets = discover_datasets(sweep.data_sources)
     coding = sweep_coding(sweep.data_sources, datasets)
     for sim, path in datasets.items():

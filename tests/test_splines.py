@@ -1,5 +1,5 @@
 """PyMC's ``SplineWrapper`` (``pm.Interpolated``) under mode="NUMBA": nopython, cacheable, and
-scipy's values (``batchfit.compile.splines``)."""
+scipy's values (``batchfit.numba_ops.splines``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 from pymc.distributions.dist_math import SplineWrapper
 from scipy.interpolate import CubicSpline, InterpolatedUnivariateSpline, UnivariateSpline
 
-import batchfit.compile.kernels  # noqa: F401  (registers the numba implementations)
-from batchfit.compile.nopython import fallbacks_in_function
+from batchfit import numba_ops
+from batchfit.numba_ops.nopython import fallbacks_in_function
+
+numba_ops.register()
 
 RNG = np.random.default_rng(7)
 KNOTS = np.linspace(0.0, 1.0, 7)
@@ -91,7 +93,7 @@ def test_splines_of_other_points_compile_to_their_own_cached_function(tmp_path):
         import sys, numpy as np, pytensor, pytensor.tensor as pt
         from pymc.distributions.dist_math import SplineWrapper
         from scipy.interpolate import InterpolatedUnivariateSpline
-        import batchfit.compile.kernels
+        from batchfit import numba_ops; numba_ops.register()
         sp = InterpolatedUnivariateSpline(np.linspace(0.0, 1.0, 5), np.array(sys.argv[1:], float), k=1)
         f = pytensor.function([x := pt.dvector("x")], SplineWrapper(sp)(x), mode="NUMBA")
         print(float(f(np.array([0.3]))[0]), float(sp(0.3)))

@@ -55,7 +55,7 @@ def test_a_sweep_imports_only_in_main_threads(tmp_path: Path) -> None:
     hook_dir.mkdir()
     audit.mkdir()
     (hook_dir / "sitecustomize.py").write_text(HOOK)
-    # 50 datasets: collect then shares summaries out to a helper process (summary_workers)
+    # 50 datasets: collect then shares summaries out to a helper process (batchfit.outputs.summary_pool)
     simulate_datasets(HIERARCHICAL, tmp_path / "data", 50, seed=3, prefix="shop")
     config = write_config(tmp_path / "config.yaml", sweep_settings(
         tmp_path / "cache",  # a cold cache: the compile job runs two workers

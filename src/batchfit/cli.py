@@ -197,8 +197,8 @@ def _main(argv: Sequence[str] | None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     # Each command imports what it runs, when it runs: `batchfit --help`, `status` or `init` wait
     # for no import of PyMC, PyTensor or numba, and the CPU target is set before numba loads.
-    from batchfit.compile.cputarget import apply_cpu_target
     from batchfit.config import load_config
+    from batchfit.numba_ops.cputarget import apply_cpu_target
     from batchfit.sweep import stages as pipeline
     from batchfit.sweep.verdict import failure_report, prediction_failure_report
     from batchfit.variants import one_variant
@@ -277,7 +277,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _check(config: Config, variant: str | None, *, every_model: bool = False) -> int:
     """``batchfit check``: the config's datasets and model; in a sweep of variants every variant's, a section
     each (only ``variant``'s when given). Exit 1 when any has a problem."""
-    from batchfit.compile.cputarget import apply_cpu_target
+    from batchfit.numba_ops.cputarget import apply_cpu_target
     from batchfit.sweep.check import check_model
     from batchfit.variants import configs_of, one_variant
 

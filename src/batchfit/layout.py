@@ -140,7 +140,7 @@ class ResultsLayout:
 
     @property
     def summaries(self) -> Path:
-        """collect's cache of each fit's summary rows (`batchfit.outputs.summaries`)."""
+        """collect's cache of each fit's summary rows (`batchfit.outputs.summary_cache`)."""
         return self.root / "summaries"
 
     @property

@@ -2,7 +2,7 @@
 
 Files are hashed to record what a fit was made from (data, model file, the modules it imports)
 and to check cache files; batchfit's sources, to tell a cache key (`batchfit.compile.fingerprint`),
-a fit's provenance (`batchfit.fitting.provenance`) or a cached summary (`batchfit.outputs.summaries`)
+a fit's provenance (`batchfit.fitting.provenance`) or a cached summary (`batchfit.outputs.summary_cache`)
 made by other code from one made by this code.
 """
 

@@ -11,7 +11,7 @@ def netcdf4_encoded(dataset: Any, nc: Any) -> tuple[dict[str, Any], dict[str, An
     ``_FillValue`` NaN, object arrays as text or floats, non-index coordinates named in a
     ``coordinates`` attribute.
 
-    `batchfit.fitting.fit_file` makes the netCDF4 calls itself, so that its files are the ones
+    `batchfit.fitting.netcdf_writer` makes the netCDF4 calls itself, so that its files are the ones
     ``DataTree.to_netcdf(engine="netcdf4")`` writes. ``encode_dataset_coordinates`` (xarray
     2026.9, ``xarray/conventions.py``) and the store's ``encode`` (``WritableCFDataStore.encode``
     in ``xarray/backends/common.py``: ``cf_encoder``, then object arrays to text or floats, then

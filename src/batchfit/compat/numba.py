@@ -107,7 +107,7 @@ def compiling_once(claims: Path, shared: Callable[[Callable], bool]) -> Iterator
     for the same types is not compiled again: this process waits for that compile's cache entry and
     loads it.
 
-    Two processes that compile parts of one graph (`batchfit.compile.workers`) often reach the same
+    Two processes that compile parts of one graph (`batchfit.compile.worker_pool`) often reach the same
     node function at once; each would compile it, on the same two cores. Before compiling, a
     process claims the entry (a file in ``claims``, created exclusively, holding its PID): numba
     0.68's ``Cache.load_overload`` is where a dispatcher looks for an entry before compiling

@@ -20,7 +20,7 @@ from batchfit.compile.callbacks import WrapperSpec
 from batchfit.compile.entry import NO_OUTPUTS, build_entry, load_callbacks, refuse_object_mode_early
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.sampler import CompiledModel, CompileReport, SamplerFunctions
-from batchfit.compile.workers import ModelSource, build_in_child
+from batchfit.compile.worker_pool import ModelSource, build_in_child
 
 log = logging.getLogger("batchfit")
 

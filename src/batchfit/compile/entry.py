@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import Any
 
+from batchfit import numba_ops
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import CacheDir, CorruptEntry
 from batchfit.compat.pytensor import graph_function, lacks_numba_implementation
@@ -21,10 +22,10 @@ from batchfit.compile.ahead import compile_back_to_meet
 from batchfit.compile.callbacks import WrapperSpec, make_callback, missing_inner
 from batchfit.compile.extras import warm_extras
 from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
-from batchfit.compile.nopython import record_generic_fallbacks
 from batchfit.compile.sampler import SamplerFunctions
-from batchfit.compile.workers import NO_OUTPUTS, PARTS
+from batchfit.compile.worker_pool import NO_OUTPUTS, PARTS
 from batchfit.errors import CachedPathUnsupported, one_line
+from batchfit.numba_ops.nopython import record_generic_fallbacks
 from batchfit.settings import OutputSettings
 
 log = logging.getLogger("batchfit")
@@ -92,7 +93,7 @@ def refuse_object_mode_early(model: Any, graphs: SamplerGraphs) -> None:
     """
     from pytensor.graph.traversal import ancestors
 
-    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
+    numba_ops.register()  # the ops PyMC's graphs hold that PyTensor's numba backend lacks
 
     nodes = (v.owner for v in ancestors([graphs.logp, graphs.expanded]) if v.owner is not None)
     if not any(lacks_numba_implementation(node.op) for node in nodes):

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from batchfit import numba_ops
 from batchfit.model.model_file import swappable_inputs
 from batchfit.model.python_mode import python_mode
 from batchfit.settings import OutputSettings
@@ -26,7 +27,7 @@ class ExtraGroups:
         if outputs.log_likelihood or outputs.posterior_predictive or outputs.sensitivity:
             # The same numba implementations as the compile worker's; only then: a fit job that
             # computes none of these groups spares their import (SciPy's splines, PyTensor's linear algebra).
-            import batchfit.compile.kernels  # noqa: F401
+            numba_ops.register()
 
         self.template = template
         self._loglik = _loglik_function(template) if outputs.log_likelihood else None
@@ -72,7 +73,7 @@ def warm_extras(template: Any, outputs: OutputSettings) -> None:
     Only those asked for: each costs about as much compiling as the sampler's own functions.
     A model whose posterior predictive cannot be compiled only fails when a config asks for it.
     """
-    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
+    numba_ops.register()  # these functions' graphs hold the ops the sampler's do
 
     wanted = [make for make, on in ((_loglik_function, outputs.log_likelihood),
                                     (_predictive_function, outputs.posterior_predictive),

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchfit import numba_ops
 from batchfit.compile.callbacks import Slot, WrapperSpec, wrapper_source
 from batchfit.compile.fingerprint import environment_fingerprint, graph_fingerprint, structure_of
 from batchfit.errors import CachedPathUnsupported, ModelContractError
@@ -119,11 +120,11 @@ def compile_sampler_functions(model: Any, graphs: SamplerGraphs | None = None,
     """Compile the graphs of the callbacks ``kinds`` with PyTensor's numba backend; the spec lists their inputs.
 
     Only the kinds asked for: PyTensor's rewrites of a graph take a compile worker up to 1-2 s, and
-    each of the two workers compiles one callback (`batchfit.compile.workers.PARTS`).
+    each of the two workers compiles one callback (`batchfit.compile.worker_pool.PARTS`).
     """
     from pymc.pytensorf import compile as compile_pymc
 
-    import batchfit.compile.kernels  # noqa: F401 - registers numba implementations PyTensor lacks
+    numba_ops.register()  # the ops PyMC's graphs hold that PyTensor's numba backend lacks
 
     graphs = graphs or SamplerGraphs.of(model)
     outputs = {"logp": graphs.logp_and_gradient, "expand": lambda: [graphs.expanded]}

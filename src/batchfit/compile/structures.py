@@ -29,7 +29,7 @@ from batchfit.compile.build import compile_model
 from batchfit.compile.extras import ExtraGroups
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.sampler import DEFAULT_START, CompiledModel, SamplerFunctions, StartPoint
-from batchfit.compile.workers import ModelSource
+from batchfit.compile.worker_pool import ModelSource
 from batchfit.errors import CachedPathUnsupported, ModelContractError, SamplerFailure, one_line
 from batchfit.model.model_file import data_containers, swappable_inputs
 from batchfit.model.python_mode import python_mode

@@ -3,7 +3,7 @@
 A dataset that fails at any stage is recorded in ``failures/{id}.json`` and, with ``on_error:
 continue``, the batch goes on. While one dataset samples (in nutpie's threads, outside the GIL),
 the main thread finishes the one before and prepares the next; with more threads than chains,
-helper processes fit datasets of the batch beside it (`batchfit.fitting.lanes`).
+helper processes fit datasets of the batch beside it (`batchfit.fitting.lane_pool`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from batchfit.errors import (
     one_line,
     reason_of,
 )
-from batchfit.fitting.fit_file import write_fit
 from batchfit.fitting.fit_register import touching
 from batchfit.fitting.fitter import Fitter, Sampling, prepare
 from batchfit.fitting.job_inputs import SHARED, JobInputs
-from batchfit.fitting.lanes import LANE_STAGE, lanes
+from batchfit.fitting.lane_pool import LANE_STAGE, lanes
+from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.fitting.outcome import BatchReport, format_groups, hint, record_failed, write_manifest
 from batchfit.fitting.provenance import Provenance, record
 from batchfit.fitting.sampler_health import sampler_reasons
@@ -51,7 +51,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     ``inputs``: what the job was given besides the config (`batchfit.fitting.job_inputs`).
 
     With more threads than the sampler's chains, helper processes fit datasets of the batch
-    beside this one (`batchfit.fitting.lanes`). With ``on_error: stop`` the first failure (in the batch's
+    beside this one (`batchfit.fitting.lane_pool`). With ``on_error: stop`` the first failure (in the batch's
     order) is raised after the manifest is written; with ``continue`` it is recorded and the batch
     goes on. Already written fits are never removed.
     """
@@ -147,7 +147,7 @@ def fit_datasets(fitter: Fitter, claims: Iterable[tuple[int, str]], *,
     nutpie samples in its own threads, outside the GIL. So while a dataset samples, this thread
     finishes the one before (optional outputs, writing) and prepares the next (load, check,
     build, sampler model), claiming it only then: another lane may take it first
-    (`batchfit.fitting.lanes.Claims`). A dataset's draws depend only on its data and seed.
+    (`batchfit.fitting.lane_pool.Claims`). A dataset's draws depend only on its data and seed.
     """
     running: tuple[int, DatasetFit] | None = None
     try:

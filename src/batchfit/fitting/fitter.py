@@ -26,7 +26,7 @@ from batchfit.common.standby import Standby
 from batchfit.compat.nutpie import import_nutpie, nutpie_trace
 from batchfit.compile.fingerprint import structure_of
 from batchfit.compile.structures import CACHED, FAILED, NUTPIE, PYMC, Structure, Structures
-from batchfit.compile.workers import ModelSource
+from batchfit.compile.worker_pool import ModelSource
 from batchfit.config import Config
 from batchfit.data.coding import sweep_coding
 from batchfit.data.dataset import Dataset, check_dataset, coerce_for_model

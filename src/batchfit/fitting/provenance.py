@@ -60,7 +60,7 @@ from batchfit.records.provenance_sidecar import ProvenanceSidecar
 # line, collect and its outputs, the plan, status, checks and SBC (outputs/, sweep/, cli.py, ...)
 # do not shape a fit, and editing them refits nothing.
 FIT_CODE = ("__init__.py", "compat", "config.py", "errors.py", "layout.py", "schema.py",
-            "common", "records", "data", "model", "cache", "compile", "fitting")
+            "common", "records", "data", "model", "cache", "numba_ops", "compile", "fitting")
 # A digest cached for a file modified less than this long before it was hashed is not trusted:
 # a file system's timestamps are coarse (a few ms on Linux, up to 2 s elsewhere), so a rewrite
 # of the same size right after hashing could keep the cached size and modification time.

@@ -41,13 +41,13 @@ from batchfit.outputs.health import (
     recorded_rows,
     score_health,
 )
-from batchfit.outputs.summaries import (
+from batchfit.outputs.summary_cache import (
     SummaryCache,
     _cell,
     _summary_rows,
     summary_columns,
 )
-from batchfit.outputs.summary_helpers import SummaryHelpers
+from batchfit.outputs.summary_pool import SummaryHelpers
 from batchfit.records import fit_attributes
 from batchfit.records.failure import FAILURE_COLUMNS, FailureRecord
 from batchfit.settings import SummarySettings

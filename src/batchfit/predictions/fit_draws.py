@@ -4,7 +4,7 @@ Read through h5py, not as xarray Datasets: a prediction needs each posterior var
 ``constant_data`` value and the coordinates, by name, as PyMC reads them from a trace (its dimensions
 come from the model built on the new inputs), and opening a fit with netCDF4 and decoding its groups
 took about as long as the rest of a prediction together. Values are decoded as xarray decodes the
-NetCDF-4 files batchfit writes (`batchfit.fitting.fit_file`): text as ``str``, booleans stored as
+NetCDF-4 files batchfit writes (`batchfit.fitting.netcdf_writer`): text as ``str``, booleans stored as
 ``int8`` (attribute ``dtype: bool``) as ``bool``. ``tree`` opens the fit with xarray, for PyMC's own route.
 """
 

@@ -28,14 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from batchfit import numba_ops
 from batchfit.cache.heal import retry_after_healing
 from batchfit.cache.store import CacheDir, CorruptEntry, Fetched, get_or_build
 from batchfit.compat.numba import register_cache_locator
 from batchfit.compat.pytensor import graph_function
 from batchfit.compile.callbacks import Slot, missing_inner
 from batchfit.compile.graphs import slot_of
-from batchfit.compile.nopython import record_generic_fallbacks
 from batchfit.errors import CachedPathUnsupported
+from batchfit.numba_ops.nopython import record_generic_fallbacks
 from batchfit.predictions.forward_plan import ForwardPlan
 
 _NAME = "batchfit_forward"  # the loop's name: numba's cache files are named after it and the key
@@ -198,7 +199,7 @@ def build_forward(plan: ForwardPlan, cache: CacheDir, key: str) -> ForwardSpec:
     from pymc.sampling.forward import compile_forward_sampling_function
     from pytensor.tensor.random.type import RandomType
 
-    import batchfit.compile.kernels  # noqa: F401 - the numba implementations the sampler's entries use too
+    numba_ops.register()  # the numba implementations the sampler's entries use too
 
     model = plan.model
     with record_generic_fallbacks() as fallbacks:

@@ -2,7 +2,7 @@
 
 A dataset's rows of predictions.csv are written first, then its predictions atomically
 (``predictions/{id}.nc``, the file ``DataTree.to_netcdf(engine="netcdf4")`` writes, by
-`batchfit.fitting.fit_file.write_fit`), then the sidecar with its provenance digest: a job killed in
+`batchfit.fitting.netcdf_writer.write_fit`), then the sidecar with its provenance digest: a job killed in
 between leaves no prediction, or one without a sidecar, which the plan then reads itself. A failure removes the
 dataset's older predictions (stale now) and records why in ``predictions/failed/{id}.json``, in the
 format of a fit's failure record (`batchfit.records.failure`).
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from batchfit.config import Config
-from batchfit.fitting.fit_file import write_fit
+from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.layout import ResultsLayout
 from batchfit.predictions.predictor import Prediction
 from batchfit.predictions.provenance import record_prediction

@@ -1,7 +1,7 @@
 """The fit file's root attributes: their names and the file's format version, for its writer and its readers.
 
 A fit (``fits/{id}.nc``, NetCDF-4 holding an ArviZ DataTree) is written by the fit job
-(`batchfit.fitting.fitter.Fitter.finish` sets these, `batchfit.fitting.fit_file` writes the file) and read by
+(`batchfit.fitting.fitter.Fitter.finish` sets these, `batchfit.fitting.netcdf_writer` writes the file) and read by
 collect through netCDF4 (`batchfit.outputs.fit_reader`), by the predictions through h5py
 (`batchfit.predictions.fit_draws`) and by the plan, for its digest (`recorded_digest`). A prediction
 (``predictions/{id}.nc``) records its digest under the same name.

@@ -30,7 +30,6 @@ from batchfit.cache.store import open_cache
 from batchfit.common.grouping import group_by_reason, group_line
 from batchfit.compile.fingerprint import graph_fingerprint, structure_of
 from batchfit.compile.graphs import SamplerGraphs, compile_sampler_functions
-from batchfit.compile.nopython import fallbacks_in_function
 from batchfit.compile.structures import CACHED, NUTPIE, PYMC, pymc_path_reason
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, coerce_for_model
@@ -42,6 +41,7 @@ from batchfit.fitting.groups import kept_variables
 from batchfit.fitting.sampler_settings import SettingProblem, settings_problems
 from batchfit.model.model_file import baked_values, build_model, data_containers, load_model_file, requirements
 from batchfit.model.variables import variable_roles
+from batchfit.numba_ops.nopython import fallbacks_in_function
 
 _PATHS = {CACHED: "batchfit cached callbacks", NUTPIE: "nutpie's own compile (slower)",
           PYMC: "pm.sample's own step methods (much slower)"}

@@ -89,7 +89,7 @@ def model_lines(model: Any) -> list[str]:
 
 def sample_lines(tree: Any, draws: int, tune: int, seconds: float) -> list[str]:
     """A short sample's outcome: its divergences, and each free variable's mean and sd (its first elements)."""
-    from batchfit.outputs.summaries import summarise_posterior
+    from batchfit.outputs.summary_cache import summarise_posterior
 
     posterior = tree["posterior"].to_dataset()
     divergences = int(tree["sample_stats"]["diverging"].sum())

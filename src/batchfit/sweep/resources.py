@@ -6,7 +6,7 @@ import logging
 import math
 from pathlib import Path
 
-from batchfit.fitting.lanes import lane_count
+from batchfit.fitting.lane_pool import lane_count
 from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
 from batchfit.settings import SamplerSettings
 
@@ -34,7 +34,7 @@ def fit_resources(sampler: SamplerSettings, n_datasets: int, stamp_path: str | P
 
     A job killed for memory or time is retried by Snakemake with ``attempt`` + 1: it then asks
     for twice (three times, ...) as much, and fits only the datasets the killed attempt left. A
-    job with several lanes (`batchfit.fitting.lanes`) needs a process's memory per lane and fits that
+    job with several lanes (`batchfit.fitting.lane_pool`) needs a process's memory per lane and fits that
     many datasets at once.
     """
     try:
@@ -54,7 +54,7 @@ def fit_threads(chains: int, cores: int | None, n_batches: int) -> int:
 
     A job's fixed start-up (imports, cache load) is single-threaded, so with several batches
     it is better hidden by running jobs side by side than by giving one job every core. A job
-    with more threads than chains samples several datasets at once (`batchfit.fitting.lanes`).
+    with more threads than chains samples several datasets at once (`batchfit.fitting.lane_pool`).
     ``cores`` None (a cluster, where each job gets its own cores): one thread per chain.
     """
     if cores is None:

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from batchfit.compile.cputarget import apply_cpu_target
 from batchfit.config import Config, check_model_file, config_from_dict
 from batchfit.errors import BatchfitError
+from batchfit.numba_ops.cputarget import apply_cpu_target
 from batchfit.sweep.plan import compile_stamp_path
 from batchfit.variants import configs_of, variant_configs
 
@@ -23,7 +23,7 @@ def snakemake_config(config: Mapping[str, Any], source: str, variant: str | None
     ``variant`` (a job's ``{variant}`` wildcard), that variant's own (`batchfit.variants`).
 
     ``source`` names its files, so every error names the key and the file to fix. Also sets the
-    CPU target numba compiles for (`batchfit.compile.cputarget`), which must precede loading numba.
+    CPU target numba compiles for (`batchfit.numba_ops.cputarget`), which must precede loading numba.
     """
     checked = config_from_dict(dict(config), source=source)
     check_model_file(checked)

@@ -19,7 +19,7 @@ from typing import Any
 from batchfit.cache.bundle import write_bundle
 from batchfit.cache.store import open_cache, read_entry
 from batchfit.common.standby import Standby
-from batchfit.compile.workers import compile_workers, worker_environment
+from batchfit.compile.worker_pool import compile_workers, worker_environment
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.errors import is_expected, one_line
@@ -28,7 +28,7 @@ from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import Fitter, prepare
 from batchfit.fitting.provenance import expected_digests
 from batchfit.fitting.refits import refit_batch
-from batchfit.outputs import summary_helpers
+from batchfit.outputs import summary_pool
 from batchfit.outputs.adopt import adopt_batch_outputs
 from batchfit.outputs.collect import collect, stale_fits_error
 from batchfit.outputs.orphans import move_orphans
@@ -144,7 +144,7 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
     datasets = discover_datasets(config.data_sources)
     # The helpers start now, so that their start-up (collect's imports) overlaps this process's
     # own, and the digests' computing: ready when collect knows which fits are new.
-    with summary_helpers.started(summary_helpers.helpers_for(workers, len(datasets))) as helpers:
+    with summary_pool.started(summary_pool.helpers_for(workers, len(datasets))) as helpers:
 
         # Only the ids and digests outlive these lines: otherwise collect's peak memory holds each
         # dataset's Path and recorded digest to the end, a growth with N.

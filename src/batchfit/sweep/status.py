@@ -125,7 +125,7 @@ def dataset_status(config: Config, dataset_id: str) -> DatasetStatus:
                            f"{', '.join(list(states)[:5])}{', ...' if len(states) > 5 else ''})", dataset=dataset_id)
     state, detail = states[dataset_id]
     if state == FITTED:
-        from batchfit.outputs.summaries import dataset_health  # xarray, netCDF4, ArviZ: to show a fit's health
+        from batchfit.outputs.summary_cache import dataset_health  # xarray, netCDF4, ArviZ: to show a fit's health
 
         health = dataset_health(config.layout.fit(dataset_id), config.health)
         size = [] if health["rows"] is None else [f"{health['rows']} rows" + (f", {health['groups']}"

@@ -1,5 +1,5 @@
 """Snakemake rule `compile`: fill the compiled-function cache before the fit jobs, and write its bundle."""
-from batchfit.compile.workers import compile_workers
+from batchfit.compile.worker_pool import compile_workers
 
 # Started first: the worker a miss waits for imports beside this script's own imports.
 with compile_workers(snakemake.threads) as workers:

@@ -1,7 +1,7 @@
-"""A collect helper process: ``python -m batchfit.outputs.summary_worker`` (`batchfit.outputs.summary_helpers`).
+"""A collect helper process: ``python -m batchfit.outputs.summary_process`` (`batchfit.outputs.summary_pool`).
 
 It reads its share of the new fits (pickled) on stdin, writes each one's summary cache entry and
-staged draws (`batchfit.outputs.summaries.SummaryCache`), and prints each dataset id it wrote.
+staged draws (`batchfit.outputs.summary_cache.SummaryCache`), and prints each dataset id it wrote.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pickle
 import sys
 
 from batchfit.common.quick_exit import quick_exit
-from batchfit.outputs.summaries import SummaryCache
+from batchfit.outputs.summary_cache import SummaryCache
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from batchfit.outputs.combined import (
 )
 from batchfit.outputs.fit_reader import read_fit
 from batchfit.outputs.health import HealthThresholds, recorded_rows, score_health
-from batchfit.outputs.summary_helpers import SummaryHelpers, helpers_for, started
+from batchfit.outputs.summary_pool import SummaryHelpers, helpers_for, started
 from batchfit.settings import SummarySettings
 
 log = logging.getLogger("batchfit")
@@ -184,7 +184,7 @@ class SummaryCache:
 
     def fill(self, fits: Sequence[tuple[str, str | Path]], workers: int | SummaryHelpers) -> None:
         """Summarise the (dataset id, fit) pairs without a valid entry, shared out between this process
-        and helper processes (`batchfit.outputs.summary_helpers`) when there are many.
+        and helper processes (`batchfit.outputs.summary_pool`) when there are many.
 
         ``workers``: processes at once (helpers are then started here), or helpers already
         started. A fit that could not be summarised is left for `entry`, which summarises it
@@ -283,7 +283,7 @@ def summary_key(summary: SummarySettings, thresholds: HealthThresholds) -> str:
 
 
 # The code a fit's summary comes from: a change to how summaries are computed invalidates every cached one.
-SUMMARY_CODE = ("outputs/summaries.py", "outputs/health.py", "outputs/fit_reader.py", "outputs/combined.py",
+SUMMARY_CODE = ("outputs/summary_cache.py", "outputs/health.py", "outputs/fit_reader.py", "outputs/combined.py",
                 "outputs/diagnostics.py", "outputs/intervals.py", "model/variables.py")
 
 

@@ -1,6 +1,6 @@
 """The compile workers a job starts: fresh interpreters that rebuild the model and compile an entry.
 
-A miss compiles in child processes (`batchfit.compile.worker`; two at once, each compiling part
+A miss compiles in child processes (`batchfit.compile.worker_process`; two at once, each compiling part
 of the entry, when the job has two cores): the parent then loads the entry exactly like any
 later process would, so every fit runs the very same machine code (code JIT-compiled in-process
 can differ in the last bit from code emitted for the cache), and the parent's memory never holds
@@ -54,10 +54,10 @@ UNSUPPORTED_EXIT = 4
 
 
 # What numba and PyTensor read once, when imported: the cache's directories (`open_cache`) and
-# numba's CPU target (`batchfit.compile.cputarget`). A compile worker may start before its parent has
+# numba's CPU target (`batchfit.numba_ops.cputarget`). A compile worker may start before its parent has
 # set them, so it imports those libraries only once told them (`worker_environment`).
 WORKER_ENVIRONMENT = ("PYTENSOR_FLAGS", "NUMBA_CACHE_DIR", "NUMBA_CPU_NAME")
-WORKER_MODULE = "batchfit.compile.worker"  # what a worker runs: python -m WORKER_MODULE
+WORKER_MODULE = "batchfit.compile.worker_process"  # what a worker runs: python -m WORKER_MODULE
 
 
 def worker_environment() -> str:
@@ -82,7 +82,7 @@ class ModelSource:
 
 
 def compile_workers(threads: int) -> AbstractContextManager[Standby]:
-    """The compile workers of a job with ``threads`` cores, as a `Standby` of `batchfit.compile.worker`.
+    """The compile workers of a job with ``threads`` cores, as a `Standby` of `batchfit.compile.worker_process`.
 
     With two or more, the one that compiles the log density's callback (a miss's longest part)
     starts now, on the core the job leaves idle: its imports overlap the job's own, its reading

@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytensor.graph.basic import Apply, Variable
     from pytensor.graph.fg import FunctionGraph
 
-from batchfit.compile.node_analysis import Reason, analyze, record_generic_fallbacks
+from batchfit.numba_ops.node_analysis import Reason, analyze, record_generic_fallbacks
 
 __all__ = [
     "Fallback",

@@ -1,4 +1,4 @@
-"""A helper lane: ``python -m batchfit.fitting.lane_worker SPEC``, started by `batchfit.fitting.lanes`.
+"""A helper lane: ``python -m batchfit.fitting.lane_process SPEC``, started by `batchfit.fitting.lane_pool`.
 
 It fits the datasets of its job's batch that it claims, reporting each claim, outcome and log
 record as a JSON line on stdout; it exits when its stdin closes (its job ended or died).
@@ -21,7 +21,7 @@ from typing import IO, Any
 from batchfit.common.quick_exit import quick_exit
 from batchfit.fitting.batch import fit_datasets
 from batchfit.fitting.fitter import Fitter, prepare
-from batchfit.fitting.lanes import Claims
+from batchfit.fitting.lane_pool import Claims
 
 log = logging.getLogger("batchfit")
 
@@ -56,7 +56,7 @@ def _exit_when_orphaned() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """A helper lane: fit the batch's datasets this process claims, reporting each on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m batchfit.fitting.lane_worker")
+    parser = argparse.ArgumentParser(prog="python -m batchfit.fitting.lane_process")
     parser.add_argument("spec", help="the lane.pickle its job wrote, in a temporary directory of its own")
     spec = pickle.loads(Path(parser.parse_args(argv).spec).read_bytes())
     threading.Thread(target=_exit_when_orphaned, daemon=True, name="batchfit-orphan-watch").start()
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("batchfit").setLevel(logging.INFO)
     logging.captureWarnings(True)
 
-    # numba's CPU target comes with the job's environment (`batchfit.compile.cputarget`), inherited:
+    # numba's CPU target comes with the job's environment (`batchfit.numba_ops.cputarget`), inherited:
     # this process loads the entries the job loads.
     config = spec["config"]
 

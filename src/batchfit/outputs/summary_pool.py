@@ -2,8 +2,8 @@
 
 A fit's summary (reading it and ArviZ's diagnostics) depends on that fit alone, so collect
 shares new fits out between itself and helper processes, each writing the fits' summary cache
-entries and staged draws (`batchfit.outputs.summaries.SummaryCache`); collect then finds them
-cached. A helper is ``python -m batchfit.outputs.summary_helpers`` reading its part on stdin and printing
+entries and staged draws (`batchfit.outputs.summary_cache.SummaryCache`); collect then finds them
+cached. A helper is ``python -m batchfit.outputs.summary_process`` reading its part on stdin and printing
 each dataset id whose entry it wrote (a `batchfit.common.standby` process).
 
 A helper's start (Python and collect's imports) costs as much as summarising dozens of tiny
@@ -29,7 +29,7 @@ from batchfit.common.standby import Standby, finish, standing_by
 log = logging.getLogger("batchfit")
 
 
-WORKER_MODULE = "batchfit.outputs.summary_worker"  # what a helper runs: python -m WORKER_MODULE
+WORKER_MODULE = "batchfit.outputs.summary_process"  # what a helper runs: python -m WORKER_MODULE
 
 # New fits per process below which a helper is not worth starting (or, started, not worth waiting for).
 FITS_PER_PROCESS = 25
@@ -52,7 +52,7 @@ class SummaryHelpers:
     ) -> list[str]:
         """Share `fits` (dataset id, fit path) out between the helpers and this process, whose share `here`
         summarises; return the ids the helpers wrote an entry for. ``cache``: what a helper builds
-        its summary cache from (`batchfit.outputs.summaries.SummaryCache.settings`).
+        its summary cache from (`batchfit.outputs.summary_cache.SummaryCache.settings`).
 
         A fit a helper could not summarise is not returned; the caller summarises it itself and
         reports its error. A helper whose collect dies stops at its next fit (its pipe is gone);

@@ -1,4 +1,4 @@
-"""A compile worker process: ``python -m batchfit.compile.worker``, started by `batchfit.compile.workers`.
+"""A compile worker process: ``python -m batchfit.compile.worker_process``, started by `batchfit.compile.worker_pool`.
 
 It rebuilds the model from its file and one dataset and compiles (part of) the entry into the
 cache. Started before its work is known (`batchfit.common.standby`), it imports what needs no
@@ -26,7 +26,7 @@ from batchfit.compat.pytensor import cached_by_pytensor
 from batchfit.compile.build import collector_paused
 from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
-from batchfit.compile.workers import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
+from batchfit.compile.worker_pool import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
 from batchfit.errors import CachedPathUnsupported
 from batchfit.model.model_file import build_model, load_model_file
 from batchfit.settings import OutputSettings
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = _standby_start()
         if argv is None:  # its parent died, or needed no worker
             return 0
-    parser = argparse.ArgumentParser(prog="python -m batchfit.compile.worker")
+    parser = argparse.ArgumentParser(prog="python -m batchfit.compile.worker_process")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--model-file", required=True)

@@ -109,7 +109,7 @@ def write_fit(tree: Any, path: Path) -> None:
     """Write one dataset's DataTree atomically (never a half-written file under the final name).
 
     The netCDF C library writes a fit's many small variables much faster than h5netcdf, and
-    `batchfit.fitting.fit_file` calls it without xarray's store around each call; the file is
+    `batchfit.fitting.netcdf_writer` calls it without xarray's store around each call; the file is
     the one ``tree.to_netcdf(engine="netcdf4")`` writes.
     """
     with atomic_path(path) as tmp:

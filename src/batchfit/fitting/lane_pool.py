@@ -5,7 +5,7 @@ Each lane is a process of its own: a dataset's Python work (load, build, check, 
 trace into a DataTree, writing NetCDF) takes this kind of model longer than its sampling, so
 lanes sharing one interpreter were held by its GIL and gained nothing over one lane.
 
-The job's own process is lane 0 and starts ``lanes - 1`` helpers (``python -m batchfit.fitting.lane_worker``)
+The job's own process is lane 0 and starts ``lanes - 1`` helpers (``python -m batchfit.fitting.lane_process``)
 first, so their imports and cache load overlap its own. Every lane claims the batch's next
 dataset from a counter file under a lock only when it is ready to prepare one, so a lane that
 starts late or meets slow datasets simply takes fewer. Helpers report on stdout, one JSON line
@@ -41,7 +41,7 @@ from batchfit.records.manifest import Outcome
 log = logging.getLogger("batchfit")
 
 
-LANE_WORKER = "batchfit.fitting.lane_worker"  # what a helper runs: python -m LANE_WORKER SPEC
+LANE_MODULE = "batchfit.fitting.lane_process"  # what a helper runs: python -m LANE_MODULE SPEC
 LANE_STAGE = "lane"  # the failure stage of a dataset whose helper process died while fitting it
 
 
@@ -114,7 +114,7 @@ class Lanes:
         spec.write_bytes(pickle.dumps({"config": config, "ids": list(dataset_ids), "counter": str(self.claims.counter),
                                        "threads": self.threads_each, "inputs": inputs}))
         for number in range(1, lanes):
-            process = subprocess.Popen([sys.executable, "-m", LANE_WORKER, str(spec)], stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, "-m", LANE_MODULE, str(spec)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
             helper = Helper(number, process)
             self.helpers.append(helper)

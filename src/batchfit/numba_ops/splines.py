@@ -84,6 +84,6 @@ def numba_funcify_SplineWrapper(op: SplineWrapper, node: Any, **kwargs: Any) -> 
             out[p] = s
         return out.reshape(x.shape)
 
-    key = sha256(repr(("batchfit.compile.splines.SplineWrapper", SPLINE_CACHE_VERSION, k, ext, out_dtype.str,
+    key = sha256(repr(("batchfit.numba_ops.splines.SplineWrapper", SPLINE_CACHE_VERSION, k, ext, out_dtype.str,
                        sha256(t.tobytes()).hexdigest(), sha256(c.tobytes()).hexdigest())).encode()).hexdigest()
     return spline, key

@@ -222,7 +222,7 @@ def numba_funcify_Blockwise_dynamic_core_shape(op: Blockwise, node, **kwargs):
         key = sha256(
             repr(
                 (
-                    "batchfit.compile.linalg.Blockwise[dynamic core shape]",
+                    "batchfit.numba_ops.linalg.Blockwise[dynamic core shape]",
                     BLOCKWISE_DYNAMIC_CACHE_VERSION,
                     str(type(op)),
                     op.signature,
