@@ -14,8 +14,8 @@ from testkit import HIERARCHICAL, REPO
 
 from batchfit.config import Config, config_from_dict
 from batchfit.errors import DatasetError, RecordError
-from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.fitting.fit_register import files_entry
+from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.fitting.outcome import BatchReport, record_failure, write_manifest
 from batchfit.fitting.provenance import record_digest
 from batchfit.fitting.refit_records import KFOLD, Refit, RefitManifest, RefitOutcome, RefitPlan
