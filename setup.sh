@@ -3,12 +3,12 @@
 #   ./setup.sh            install, then `snakemake --cores 2` on the bundled example
 #   ./setup.sh --install  install only
 #   ./setup.sh --slurm    also install Snakemake's SLURM executor plugin (the `slurm` extra), for a
-#                         cluster and for tests/test_slurm.py (CI runs `./setup.sh --install --slurm`)
+#                         cluster and for tests/e2e/test_slurm.py (CI runs `./setup.sh --install --slurm`)
 # The plugin is not installed unless asked: Snakemake imports every installed executor plugin at
 # start-up, and this one then runs `scontrol show config`, which waits out SLURM's connection
 # timeout where SLURM's client tools are installed but no controller answers
 # (docs/troubleshooting.md, "Slow jobs").
-# Also builds the two venvs the test suite runs programs in (tests/venvs.py): .venv-user, batchfit as a
+# Also builds the two venvs the test suite runs programs in (tests/testkit/venvs.py): .venv-user, batchfit as a
 # user installs it (no extras), where the end-to-end sweeps run, and .venv-reference, with JAX, for the
 # parity corpus's reference side. The tests build a missing one themselves, inside their time.
 set -euo pipefail
@@ -45,7 +45,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[$extras]"
-.venv/bin/python tests/venvs.py
+PYTHONPATH=tests .venv/bin/python -m testkit.venvs
 
 if [ "$install_only" = 0 ]; then
   .venv/bin/snakemake --cores 2

@@ -2,7 +2,7 @@
 
     python benchmarks/adaptation.py [--n 20] [--draws 1000] [--tune 1000] [--chains 4] [--cores 2]
 
-Three models of the parity corpus (tests/parity_corpus.py) of different geometry:
+Three models of the parity corpus (tests/testkit/parity_corpus.py) of different geometry:
 
 * ``coords-text-labels``: a centred hierarchical model (group intercepts around a mean with an
   unknown spread: a funnel when the spread is small);
@@ -183,7 +183,7 @@ def main() -> None:
         rows = [row for model in args.models for row in _rows(out / model / "fits.csv")]
         report(rows)
         return
-    import parity_corpus
+    from testkit import parity_corpus
 
     print(f"# adaptation: {machine_line()}; load average {load_average()}")
     print(f"{args.n} datasets per model, {args.chains} chains x {args.tune} tune + {args.draws} draws, "

@@ -2,7 +2,7 @@
 
     python benchmarks/compile.py [--runs 2] [--set corpus|heldout|both] [--models NAME ...]
 
-The sets: the parity corpus (tests/parity_corpus.py), on which the compile was tuned, and the held-out
+The sets: the parity corpus (tests/testkit/parity_corpus.py), on which the compile was tuned, and the held-out
 models (benchmarks/heldout_models.py), written for this benchmark and not used to tune anything; each
 is reported apart, with its median and worst ratio. Every measurement is a fresh process on empty
 caches, as a new user meets it:
@@ -118,9 +118,9 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent / "tests"))
     import heldout_models
-    import parity_corpus
     import yaml
     from common import RESULTS, child_env, fresh_dir, load_average, machine_line, median, run_tracked
+    from testkit import parity_corpus
 
     out = fresh_dir(RESULTS / "compile")
     sets = {"corpus": parity_corpus.cases(), "heldout": heldout_models.cases()}

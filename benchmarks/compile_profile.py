@@ -115,8 +115,8 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent / "tests"))
     import heldout_models
-    import parity_corpus
     from common import RESULTS, child_env, fresh_dir, load_average, machine_line, run_tracked
+    from testkit import parity_corpus
 
     cases = {**heldout_models.cases(), **parity_corpus.cases()}
     names = args.models or list(heldout_models.cases())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from parity_corpus import Case, _csv, _netcdf
+from testkit.parity_corpus import Case, _csv, _netcdf
 
 HEADER = "import numpy as np\nimport pymc as pm\nimport pytensor.tensor as pt\n\n\n"
 
@@ -408,6 +408,6 @@ def cases() -> dict[str, Case]:
 
 def write_all(root: Path, cache_dir: Path) -> dict[str, Any]:
     """Write every held-out case (model, data, config) under ``root``; return their configs by name."""
-    from parity_corpus import write_case
+    from testkit.parity_corpus import write_case
 
     return {name: write_case(case, root, cache_dir) for name, case in cases().items()}

@@ -18,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import venvs
 from hypothesis import settings
-from testkit import HIERARCHICAL, REPO, snakemake, write_config, write_variant_sweep
+from testkit import HIERARCHICAL, REPO, snakemake, venvs, write_config, write_variant_sweep
 
 # Property-based tests draw the same examples in every run (hypothesis' derandomize: examples from a seed
 # fixed by each test), so a failure found once is found again in any clone, CI's included, and a run
@@ -92,13 +91,13 @@ def small_project(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def user_bin() -> Path:
-    """bin/ of .venv-user: batchfit as a user installs it (no extras), from this working tree (tests/venvs.py)."""
+    """bin/ of .venv-user: batchfit as a user installs it (no extras), from this working tree (testkit.venvs)."""
     return venvs.user_venv()
 
 
 @pytest.fixture(scope="session")
 def reference_python() -> Path:
-    """The python of .venv-reference, which has JAX for the parity corpus's reference side (tests/venvs.py)."""
+    """The python of .venv-reference, which has JAX for the parity corpus's reference side (tests/testkit/venvs.py)."""
     return venvs.reference_venv()
 
 

@@ -21,7 +21,7 @@ from batchfit.errors import BatchfitError
 from batchfit.schema import config_schema
 
 # What `batchfit init` writes that is not generated: from the package. The example model is a copy
-# of the repository's models/hierarchical.py (tests/test_project.py keeps the two equal); not named
+# of the repository's models/hierarchical.py (tests/unit/test_project.py keeps the two equal); not named
 # *.py: it is the user's code to be, which batchfit's linters and code digest leave alone.
 _TEMPLATE = "template"
 # Keys `init` sets; every other key of the schema is written commented out, with its default.

@@ -2,7 +2,7 @@
 writing a sweep's config, and reading what a sweep wrote.
 
 Not named ``helpers.py``: pytest puts tests/ on ``sys.path``, and batchfit refuses a model's own
-``helpers.py`` when another module of that name is importable (tests/test_model_imports.py
+``helpers.py`` when another module of that name is importable (tests/unit/test_model_imports.py
 fits models that import one). Nothing of batchfit is imported at the top: tests/conftest.py
 imports this module before it sets PyTensor's and numba's cache directories.
 """

@@ -82,7 +82,7 @@ def import_nutpie() -> ModuleType:
     nutpie imports: a stand-in left there was loaded by ``inspect.getmodule`` (which lazy_loader
     calls for a missing optional module, https://github.com/python/cpython/issues/139669) in the
     middle of importing arviz_base, which then failed as partially initialised. Called from the
-    main thread only, like every import of a job (`tests/test_thread_imports.py`).
+    main thread only, like every import of a job (`tests/e2e/test_thread_imports.py`).
     """
     if "nutpie" in sys.modules:
         return sys.modules["nutpie"]
@@ -198,7 +198,7 @@ def nutpie_trace(sampler: Any, raw: Any, model: Any) -> Any:
     Private: the arrow-to-array step ``nutpie.sample._add_arrow_data`` (it fills a chain's draws,
     with NaN or None where arrow has nulls) and the sampler's ``_settings`` (the stats to keep, and
     the ``sample_stats`` attributes), ``_save_warmup`` and ``_store_unconstrained``
-    (``_BackgroundSampler._extract`` and ``_arrow_to_arviz``). ``tests/test_compat.py`` compares the
+    (``_BackgroundSampler._extract`` and ``_arrow_to_arviz``). ``tests/unit/test_compat.py`` compares the
     result with nutpie's own on the same seed, with and without the warm-up and the optional stats.
     """
     import json

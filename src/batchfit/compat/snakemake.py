@@ -36,7 +36,7 @@ def exit_run(code: int, text: str) -> None:
     its code, after the handler's output and without a traceback, and skips the lines Snakemake
     would print after the handler (the log's path, the run time; after ``onerror`` its
     ``WorkflowError``). A run whose every job succeeded has no other way to exit non-zero, nor a
-    run any way to end with the handler's lines. ``tests/test_compat.py`` checks this.
+    run any way to end with the handler's lines. ``tests/unit/test_compat.py`` checks this.
     """
     import sys
 

@@ -8,7 +8,7 @@ them.
 
 The encoding is xarray's own (`compat.netcdf4_encoded`); only the netCDF4 calls are made here: the
 file has the same groups, dimensions, variables, types, attributes and storage layout, which
-``tests/test_netcdf_writer.py`` checks against xarray's writer. A tree with anything this module
+``tests/unit/test_netcdf_writer.py`` checks against xarray's writer. A tree with anything this module
 does not handle (an encoding asked for, bytes, an empty dimension, an attribute of another
 type) is written by xarray itself.
 """

@@ -6,7 +6,7 @@ arviz_stats computes these one element at a time: its ``make_ufunc`` loops over 
 fits. Here each statistic is one NumPy pass over an (element, chain,
 draw) array, following arviz_stats' definitions step by step (``arviz_stats.base.diagnostics``,
 1.x; Vehtari et al. 2021, https://doi.org/10.1214/20-BA1221), so the values are arviz_stats' own to
-rounding: tests/test_diagnostics.py compares every function with arviz_stats on many posteriors,
+rounding: tests/unit/test_diagnostics.py compares every function with arviz_stats on many posteriors,
 edge cases included.
 """
 

@@ -5,7 +5,7 @@ collect and the plots rule need only these two functions of arviz_stats, whose i
 xarray_einstats) is a noticeable part of each of those jobs, both on the sweep's critical path. The
 definitions are arviz_stats 1.x's (``arviz_stats/base/core.py``: ``_hdi_linear_nearest_common`` for
 ``hdi(method="nearest")``, ``eti`` as NumPy's "linear" quantiles) applied to every row at once;
-tests/test_diagnostics.py compares both with ``arviz_stats.base.array_stats``.
+tests/unit/test_diagnostics.py compares both with ``arviz_stats.base.array_stats``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parity with ``pm.sample``: every corpus model (tests/parity_corpus.py) gives batchfit the posterior
+"""Parity with ``pm.sample``: every corpus model (tests/testkit/parity_corpus.py) gives batchfit the posterior
 that ``pm.sample(nuts_sampler="nutpie")`` gives on the same file.
 
 One session fixture writes the selected models and datasets, then fits them twice: batchfit's
@@ -7,7 +7,7 @@ after another, two runners at a time (the test process's PyTensor and numba stat
 untouched, and a runner pays its imports once for its models). The reference compiles through
 PyTensor's JAX backend where it can, so no op implementation is shared by both sides
 (parity_run.fit_reference); its runners run in .venv-reference, which has JAX at the test venv's
-pymc, pytensor and nutpie (tests/venvs.py), so JAX is in no environment batchfit runs in. A
+pymc, pytensor and nutpie (tests/testkit/venvs.py), so JAX is in no environment batchfit runs in. A
 runner that dies is restarted for the models after the one it died on, which is recorded as
 crashed. Each model is then one test case comparing the two posteriors (posterior_checks).
 
@@ -27,13 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import parity_corpus, parity_run
+from testkit.posterior_checks import SD_RATIO, assert_same_posterior
 
-sys.path.insert(0, str(Path(__file__).parent))
-import parity_corpus  # noqa: E402
-import parity_run  # noqa: E402
-from posterior_checks import SD_RATIO, assert_same_posterior  # noqa: E402
-
-RUNNER = Path(__file__).parent / "parity_run.py"
+RUNNER = Path(parity_run.__file__)
 MODEL_TIMEOUT = 600  # seconds per model a runner process is given (a few dozen on an idle core)
 RUNNERS = 2  # runner processes at a time: CI's two cores (which the other xdist worker shares)
 # Models per runner process, each of which pays its imports once. batchfit's side costs about four

@@ -1,7 +1,7 @@
 """A fit job killed in the middle of its batch leaves no half-written output, and a re-run fits
 only the missing datasets, to the same posteriors as a run that was never interrupted.
 
-The real ``snakemake`` on the repository's Snakefile (tests/testkit.py), in temporary projects.
+The real ``snakemake`` on the repository's Snakefile (tests/testkit/), in temporary projects.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `batchfit check` and Snakemake's dry run alike; keys a config file leaves out get the schema's
 defaults; fuzzed configs give only config errors (or a valid config).
 
-The Snakemake tests run the real ``snakemake`` on the repository's Snakefile (tests/testkit.py).
+The Snakemake tests run the real ``snakemake`` on the repository's Snakefile (tests/testkit/).
 """
 
 from __future__ import annotations

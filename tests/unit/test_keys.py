@@ -235,7 +235,7 @@ def sweep(tmp_path: Path, model_file: Path, cache_dir: Path, data_dir: Path) -> 
 def pm_sample_posteriors(model_files: list[Path], python: Path) -> list[object]:
     """What ``pm.sample`` with nutpie gives for each model on the same data (posterior_checks.reference_posteriors,
     in one process of the reference venv's `python`)."""
-    from posterior_checks import reference_posteriors
+    from testkit.posterior_checks import reference_posteriors
 
     return reference_posteriors(python, [(model_file, dataset("d", Y)) for model_file in model_files],
                                 draws=SAMPLER["draws"], tune=SAMPLER["tune"], chains=2, random_seed=11)
@@ -243,7 +243,7 @@ def pm_sample_posteriors(model_files: list[Path], python: Path) -> list[object]:
 
 @pytest.mark.slow
 def test_second_sweep_of_a_different_model_gets_its_own_entry_and_posterior(tmp_path, reference_python):
-    from posterior_checks import assert_same_posterior
+    from testkit.posterior_checks import assert_same_posterior
 
     data_dir = tmp_path / "data"
     data_dir.mkdir()

@@ -6,7 +6,7 @@ standard deviations by ratio, where their own Monte Carlo error (ArviZ's ``mcse(
 is small enough to tell: in a heavy tail one extreme draw moves an sd by a third (the corpus's GP
 lengthscale, InverseGamma(5, 20): sd 2.9 vs 4.0, each with a Monte Carlo error of 0.13 and 0.60).
 Used wherever batchfit's posterior is checked against ``pm.sample``'s, which
-`sample_reference` draws, through JAX, in the reference venv (tests/venvs.py): JAX is in no
+`sample_reference` draws, through JAX, in the reference venv (tests/testkit/venvs.py): JAX is in no
 environment batchfit runs in (issue #43). A test in the test venv gets such posteriors from
 `reference_posteriors`, which runs this file there: ``python posterior_checks.py JOBS OUT_DIR``.
 """

@@ -87,7 +87,7 @@ def test_a_variants_model_file_must_exist_and_compare_needs_the_log_likelihood(t
 def test_comparison_csv_is_arviz_stats_compare_of_each_datasets_fits(variant_sweep):
     """Each fit's elpd is PSIS-LOO's where it is reliable, and arviz_stats.compare's ranks, differences and
     weights of the elpds compared; a fit where PSIS-LOO flags observations is refitted without each
-    (compare.method auto: reloo, which tests/test_exact_compare.py checks against refits by hand)."""
+    (compare.method auto: reloo, which tests/e2e/test_exact_compare.py checks against refits by hand)."""
     results = variant_sweep.parent / "results"
     comparison = pd.read_csv(results / "comparison.csv", keep_default_na=False)
     assert list(comparison.columns) == ["dataset", "variant", "elpd_loo", "se", "p_loo", "n_obs", K_COLUMN, "rank",

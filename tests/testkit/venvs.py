@@ -2,16 +2,16 @@
 
 * ``.venv-user``: batchfit installed as a user installs it (README, "Start a project"):
   ``python3.12 -m venv`` and ``pip install ./batchfit``, not editable and without extras. The
-  end-to-end sweeps (tests/test_user_install.py) run its ``snakemake`` and ``batchfit``, so a
+  end-to-end sweeps (tests/e2e/test_user_install.py) run its ``snakemake`` and ``batchfit``, so a
   package only the test extra installs (JAX changed what a sweep does, issue #43) cannot change
   what they see. batchfit is reinstalled from the working tree once per test session (and by
   ``setup.sh``), so it never tests stale code.
-* ``.venv-reference``: the parity corpus's reference side (tests/parity_run.py), which compiles
+* ``.venv-reference``: the parity corpus's reference side (tests/testkit/parity_run.py), which compiles
   through PyTensor's JAX backend so that it shares no op implementation with batchfit's numba.
   JAX is installed there only: pymc, pytensor, nutpie and the readers are pinned to the
   test venv's versions. batchfit is not installed: the reference reads its files itself.
 
-``python tests/venvs.py`` (what ``setup.sh`` runs) builds both; the suite's session fixtures
+``python tests/testkit/venvs.py`` (what ``setup.sh`` runs) builds both; the suite's session fixtures
 (tests/conftest.py) build a missing one. Every step holds a file lock beside the venv, since
 pytest-xdist's workers ask for them at once.
 """
@@ -28,6 +28,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from filelock import FileLock
+
 from testkit import REPO
 
 USER_VENV = REPO / ".venv-user"

@@ -31,7 +31,7 @@ SETTING_FAMILIES: dict[str, dict[str, Any]] = {
     # Not unjittered starts (jitter_rvs: []): nutpie refuses a start where an element of the gradient is
     # exactly 0, as at coords-text-labels' own initial point (mu_a's, every group intercept at mu_a), and
     # nutpie's compile_pymc_model(jitter_rvs=set()) fails there alike. That initvals and jitter_rvs reach
-    # nutpie is tests/test_sampler_settings.py's.
+    # nutpie is tests/unit/test_sampler_settings.py's.
     "nuts": {"max_treedepth": 12, "target_accept": 0.9},
     "kept-warmup-and-stats": {"discard_tuned_samples": False, "store_divergences": True, "store_unconstrained": True,
                               "store_gradient": True, "store_mass_matrix": True},

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from posterior_checks import assert_same_posterior, reference_posteriors
 from testkit import DISCRETE_FREE, OBJECT_MODE_MODEL
+from testkit.posterior_checks import assert_same_posterior, reference_posteriors
 
 from batchfit.config import config_from_dict
 from batchfit.fitting.batch import fit_batch

@@ -4,7 +4,7 @@ A user installs batchfit with ``pip install ./batchfit``, without extras (README
 project"). In that install the first dataset of every fit job once failed on batchfit's cached
 path (arviz_base's lazy loading with JAX and numpyro missing) while the test venv, which the test
 extra gave both, fitted them all. So these sweeps run entirely in ``.venv-user``
-(tests/venvs.py): its ``snakemake`` and ``batchfit``, as subprocesses, in folders of their own,
+(tests/testkit/venvs.py): its ``snakemake`` and ``batchfit``, as subprocesses, in folders of their own,
 each from an empty cache as a first sweep starts. Each sweep has 5 datasets and ``batch_size:
 4``: a job that fits several datasets and one that fits one, each with a first dataset.
 
@@ -171,7 +171,7 @@ class TestInitProject:
         assert_every_dataset_fitted(user_bin, root, root / "results", ids)
 
 
-# Three kinds of model from the parity corpus (tests/parity_corpus.py), each over several datasets.
+# Three kinds of model from the parity corpus (tests/testkit/parity_corpus.py), each over several datasets.
 
 # coords-integer-array-int-index, as a Poisson varying-intercept regression: the coordinate values are
 # np.unique of an integer column (the model of issue #43's reproduction)

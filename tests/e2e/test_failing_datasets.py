@@ -2,7 +2,7 @@
 summary.csv, the report) while every other dataset is fitted, and a re-run fits only what is pending;
 a batch in which every dataset fails to initialise ends cleanly.
 
-The Snakemake tests run the real ``snakemake`` on the repository's Snakefile (tests/testkit.py) with
+The Snakemake tests run the real ``snakemake`` on the repository's Snakefile (tests/testkit/) with
 ``--directory`` set to a temporary project, and share the session's compile cache.
 """
 
