@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 from batchfit.cache.store import CacheDir
-from batchfit.compile.fingerprint import structure_of
 from batchfit.config import Config
 from batchfit.errors import BatchfitError, one_line
 from batchfit.fitting.fitter import Reference
@@ -43,7 +42,7 @@ def compile_forward_ahead(config: Config, ref: Reference, cache: CacheDir, tree:
         new = new_inputs(config, data, coding=ref.coding, module=module,
                          new_data=new_data_reader(config, files, ref.coding, [data.id]))
         model, _, _ = predictor.model_for(new)
-        function = predictor.function(predictor.plan(fit, model, new, structure_of(model)))
+        function = predictor.function(predictor.plan(fit, model, new))
     except BatchfitError as exc:  # the reference's own predict job records it
         log.warning("predict: not compiling the forward function ahead: %s", one_line(exc))
         return None

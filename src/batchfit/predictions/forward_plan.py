@@ -46,12 +46,13 @@ class ForwardPlan:
     frozen: set[Any]
     sampled: list[str]  # the random variables drawn anew (PyMC logs them as "Sampling: [...]")
     changed: list[str]  # the data containers and dimensions whose values differ from the fit's
+    structure: str  # the model's (`structure_of`): computed once, for the key and the check against the fit's
     warnings: list[warnings.WarningMessage] = field(default_factory=list)  # PyMC's, for this prediction
     unsupported: str = ""  # why batchfit's cached forward function cannot take the plan ('' if it can)
 
     def key_parts(self) -> dict[str, Any]:
         """What the compiled forward function depends on (with the model's structure and the environment)."""
-        return {"format": FORWARD_FORMAT, "structure": structure_of(self.model),
+        return {"format": FORWARD_FORMAT, "structure": self.structure,
                 "evaluated": [v.name for v in self.evaluated], "in_trace": sorted(v.name for v in self.vars_in_trace),
                 "frozen": sorted(v.name for v in self.frozen), "changed": self.changed,
                 "environment": environment_fingerprint()}
@@ -106,7 +107,8 @@ def plan_forward(model: Any, trace_names: Sequence[str], trace_constant_data: Ma
                        copied=[v.name for v in outputs if v.name not in evaluated_names],
                        vars_in_trace=vars_in_trace, constant_data=constant_data, frozen=set(frozen_rvs),
                        sampled=sorted(rv.name for rv in model.basic_RVs if rv in volatile and rv in upstream),
-                       changed=sorted(name for name in names if name is not None), warnings=list(caught),
+                       changed=sorted(name for name in names if name is not None), structure=structure_of(model),
+                       warnings=list(caught),
                        unsupported=(f"the prediction reads shared variable(s) {', '.join(unsupported)} that are "
                                     "neither pm.Data containers nor dimension lengths") if unsupported else "")
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from batchfit import __version__
 from batchfit.cache.store import CacheDir
-from batchfit.compile.fingerprint import structure_of
 from batchfit.config import Config
 from batchfit.data.dataset import Dataset, MissingColumnError
 from batchfit.errors import CachedPathUnsupported, ConfigError, DatasetError, one_line
@@ -102,12 +101,11 @@ class Predictor:
                                f"{_where_columns_come_from(self.settings.source)}", dataset=new.id, path=new.path,
                                column=exc.column) from None
 
-    def plan(self, fit: FitDraws, model: Any, new: Dataset, structure: str) -> ForwardPlan:
-        """PyMC's decision for predicting ``fit`` with ``model`` (built on ``new``, of ``structure``); its warnings
-        logged once."""
-        if fit.structure and structure != fit.structure:
-            self._own_structure_once(new)
+    def plan(self, fit: FitDraws, model: Any, new: Dataset) -> ForwardPlan:
+        """PyMC's decision for predicting ``fit`` with ``model`` (built on ``new``); its warnings logged once."""
         plan = plan_forward(model, list(fit.posterior), fit.constant_data, fit.coordinates, self.var_names)
+        if fit.structure and plan.structure != fit.structure:
+            self._own_structure_once(new)
         self._log_warnings(plan)
         check_resizable(plan, fit, new)
         return plan
@@ -115,8 +113,7 @@ class Predictor:
     def predict(self, fit: FitDraws, new: Dataset) -> Prediction:
         """``fit``'s predictions on the new inputs ``new`` (see module docstring)."""
         model, inputs, filled = self.model_for(new)
-        structure = structure_of(model)
-        plan = self.plan(fit, model, new, structure)
+        plan = self.plan(fit, model, new)
         seed = dataset_seed(self.settings.seed, new.id)
         function = self.function(plan)
         if function is None:
@@ -128,7 +125,7 @@ class Predictor:
                 raise DatasetError(f"the forward function failed on the new inputs: {type(exc).__name__}: "
                                    f"{one_line(exc)}", dataset=new.id, path=new.path) from exc
             tree, path = predictions_tree(plan, computed, fit), CACHED
-        tree.attrs = {**self._attrs(plan, fit, new, seed, path, function), "structure": structure, **tree.attrs}
+        tree.attrs = {**self._attrs(plan, fit, new, seed, path, function), **tree.attrs}
         return Prediction(tree, inputs, tuple(self.ref.requirements), filled, path)
 
     def _own_structure_once(self, new: Dataset) -> None:
@@ -196,7 +193,7 @@ class Predictor:
                 "dataset": new.id, "source": str(new.path), "seed": seed, "prediction_path": path,
                 "forward_key": function.key if function is not None and path == CACHED else "",
                 "sampled": ", ".join(plan.sampled), "copied": ", ".join(plan.copied),
-                "fit_provenance": fit.provenance}
+                "fit_provenance": fit.provenance, "structure": plan.structure}
 
 
 def observed_columns(model: Any) -> tuple[str, ...]:
