@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 import yaml
-from testkit import VARIANTS, mtimes, output_of, planned_jobs, snakemake, write_config, write_sweep
+from testkit import HIERARCHICAL, VARIANTS, mtimes, output_of, planned_jobs, snakemake, write_config, write_sweep
 
 import batchfit
 from batchfit.config import config_from_dict, load_config
@@ -225,7 +225,7 @@ def scale_sweep(root: Path, cache: Path) -> Path:
     """A grid of prior scales, the scale entering as pm.Data or as a constant (SCALE_MODEL), over 2 datasets."""
     from batchfit.model.simulate import simulate_datasets
 
-    simulate_datasets(Path(__file__).parents[1] / "models" / "hierarchical.py", root / "data", 2, seed=3, prefix="s")
+    simulate_datasets(HIERARCHICAL, root / "data", 2, seed=3, prefix="s")
     (root / "scale.py").write_text(SCALE_MODEL)
     return write_config(root / "scales.yaml", {
         "model": "scale.py", "datasets": ["data/*.csv"], "cache_dir": str(cache), "results_dir": "results",

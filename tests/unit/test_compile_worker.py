@@ -121,7 +121,7 @@ def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compil
     script = textwrap.dedent(f"""
         import sys, threading
         from pathlib import Path
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]  # the module, testkit
         import batchfit.compile.sampler
         from test_compile_worker import WARNING_MODEL, compile_in_child
 

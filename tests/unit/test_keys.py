@@ -152,7 +152,7 @@ def test_same_key_in_another_process(tmp_path):
     model_file = write_model(tmp_path, "shared_inner", SHARED_INNER_GRAPHS)
     script = textwrap.dedent(f"""
         import numpy as np, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]  # the module, testkit
         from test_keys import key_of, Y
         from pathlib import Path
         print(key_of(Path({str(model_file)!r}), Y))
