@@ -11,7 +11,7 @@
   JAX is installed there only: pymc, pytensor, nutpie and the readers are pinned to the
   test venv's versions. batchfit is not installed: the reference reads its files itself.
 
-``python tests/testkit/venvs.py`` (what ``setup.sh`` runs) builds both; the suite's session fixtures
+``PYTHONPATH=tests python -m testkit.venvs`` (what ``setup.sh`` runs) builds both; the suite's session fixtures
 (tests/conftest.py) build a missing one. Every step holds a file lock beside the venv, since
 pytest-xdist's workers ask for them at once.
 """
