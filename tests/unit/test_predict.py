@@ -430,3 +430,57 @@ def test_a_model_the_cached_forward_function_cannot_take_is_predicted_by_pymc_it
     theirs, _ = pymc_predictions(xr.open_datatree(config.layout.fit("o1")), model, ["obs"], int(ours.attrs["seed"]))
     np.testing.assert_array_equal(ours["predictions"]["obs"].values, theirs["predictions"]["obs"].values)
 
+
+
+def test_rows_files_are_the_text_pandas_to_csv_writes(tmp_path: Path) -> None:
+    """predictions.csv's rows are written without pandas; each cell is what DataFrame.to_csv writes for it."""
+    from batchfit.predictions.table import as_text, read_rows, write_rows
+
+    values = {
+        "dataset": np.array(["s1", "s1", "s1", "s1"], dtype=object),
+        "row": pd.array([0, 1, None, 3], dtype="Int64"),
+        "element": np.array(["", "g01, 2", 'say "hi"', "line\nbreak"], dtype=object),
+        "x": np.array([0.1, 1e-05, np.nan, 1e16]),
+        "x32": np.array([0.1, 2.5, -3.0, np.inf], dtype=np.float32),
+        "n": np.array([1, -2, 3, 2**40]),
+        "flag": np.array([True, False, True, False]),
+        "label": np.array(["a,b", None, "c", float("nan")], dtype=object),
+        "mean": np.array([-0.0, 123456789.123456789, 5e-324, 1.0 / 3.0]),
+    }
+    frame = pd.DataFrame(values)
+    rows = {name: as_text(np.asarray(column.astype(object).where(column.notna(), None)) if name == "row"
+                          else np.asarray(column)) for name, column in frame.items()}
+    write_rows(rows, tmp_path / "ours.csv")
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "ours.csv").read_text() == (tmp_path / "pandas.csv").read_text()
+    assert read_rows(tmp_path / "ours.csv") == rows
+
+
+def test_changed_interval_settings_recompute_each_datasets_statistics_and_keep_its_inputs(pk_sweep: Path,
+                                                                                         tmp_path: Path) -> None:
+    """collect_predictions with another summary.ci_prob: the statistics again from the stored draws (compared with
+    ArviZ's), the inputs as they were; on a copy of the sweep's results, so the other tests see theirs."""
+    import shutil
+
+    import arviz_stats
+    import yaml
+
+    from batchfit.config import load_config
+    from batchfit.predictions.collect import collect_predictions
+    from batchfit.sweep.predict_job import run_predict
+
+    assert run_predict(load_config(pk_sweep))[0] == 0
+    settings = yaml.safe_load(pk_sweep.read_text())
+    shutil.copytree(settings["results_dir"], tmp_path / "results")
+    config = load_config(write_config(tmp_path / "config.yaml", {**settings, "results_dir": str(tmp_path / "results"),
+                                                                 "summary": {"ci_prob": 0.5}}))
+    before = pd.read_csv(config.layout.predictions_csv)
+    collect_predictions(config, ["s1", "s2", "s3"])
+    after = pd.read_csv(config.layout.predictions_csv)
+    assert list(after.columns) == [*before.columns[:-2], "eti50_lb", "eti50_ub"]
+    pd.testing.assert_frame_equal(after.iloc[:, :-4], before.iloc[:, :-4])
+    rows = after[(after["dataset"] == "s2") & (after["variable"] == "conc")]
+    with xr.open_datatree(config.layout.prediction("s2")) as tree:
+        expected = arviz_stats.summary(tree["predictions"].to_dataset()[["conc"]].load(), kind="stats",
+                                       ci_kind="eti", ci_prob=0.5, round_to="none")
+    np.testing.assert_allclose(rows[["mean", "sd", "eti50_lb", "eti50_ub"]], expected, rtol=1e-12)

@@ -19,7 +19,7 @@ from batchfit.config import Config
 from batchfit.layout import ResultsLayout
 from batchfit.outputs.adopt import copy_file, job_output
 from batchfit.predictions.provenance import record_prediction
-from batchfit.predictions.table import collect_table, prediction_rows, rows_header, stat_columns, write_rows
+from batchfit.predictions.table import collect_table, prediction_rows, read_rows, rows_header, stat_columns, write_rows
 from batchfit.records.failure import FAILURE_COLUMNS, FailureRecord
 from batchfit.records.provenance_sidecar import ProvenanceSidecar
 
@@ -56,13 +56,14 @@ def _rows_again(config: Config, dataset_id: str) -> None:
     rows = config.layout.prediction_rows(dataset_id)
     with xr.open_datatree(config.layout.prediction(dataset_id)) as tree:
         predictions = tree["predictions"].to_dataset().load()
-    old = pd.read_csv(rows, keep_default_na=False, na_values=[""], dtype={"row": "Int64"}) if rows.exists() else None
-    n_rows = int(old["row"].max()) + 1 if old is not None and old["row"].notna().any() else 0
-    fresh = prediction_rows(dataset_id, predictions, {}, n_rows, config.summary)
-    if old is not None and len(old) == len(fresh):  # the same rows in the same order: keep their inputs
-        kept = old.iloc[:, :-4]  # the statistics are the last four columns
-        fresh = pd.concat([kept, fresh[stat_columns(config.summary)]], axis=1)
-    write_rows(fresh, rows)
+    old = read_rows(rows) if rows.exists() else None
+    numbers = [int(row) for row in old["row"] if row] if old is not None else []
+    fresh = prediction_rows(dataset_id, predictions, {}, max(numbers) + 1 if numbers else 0, config.summary)
+    if old is not None and len(old["dataset"]) == len(fresh["dataset"]):  # the same rows in order: keep their inputs
+        kept = list(old.items())[:-4]  # the statistics are the last four columns
+        fresh = dict(kept) | {column: fresh[column] for column in stat_columns(config.summary)}
+    with atomic_path(rows) as tmp:
+        write_rows(fresh, tmp)
 
 
 def adopt_predict_outputs(layout: ResultsLayout, directories: Iterable[str | Path]) -> int:

@@ -18,7 +18,7 @@ from batchfit.fitting.netcdf_writer import write_fit
 from batchfit.layout import ResultsLayout
 from batchfit.predictions.predictor import Prediction
 from batchfit.predictions.provenance import record_prediction
-from batchfit.predictions.table import input_columns, prediction_rows
+from batchfit.predictions.table import input_columns, prediction_rows, write_rows
 from batchfit.records.failure import FailureRecord
 from batchfit.records.fit_attributes import PROVENANCE
 from batchfit.records.manifest import BatchManifest, Outcome
@@ -36,7 +36,7 @@ def write_prediction(config: Config, dataset_id: str, prediction: Prediction, di
     rows = prediction_rows(dataset_id, prediction.tree["predictions"].to_dataset(),
                            input_columns(inputs, prediction.read, prediction.filled), inputs.n_rows, config.summary)
     layout.predictions.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(layout.prediction_rows(dataset_id), index=False)
+    write_rows(rows, layout.prediction_rows(dataset_id))
     prediction.tree.attrs[PROVENANCE] = digest
     write_fit(prediction.tree, layout.prediction(dataset_id))
     record_prediction(layout, dataset_id, digest)

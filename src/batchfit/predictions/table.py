@@ -15,13 +15,14 @@ interval settings changed since.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
+import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from batchfit.common.atomic import atomic_path
 from batchfit.data.dataset import Dataset
@@ -53,10 +54,18 @@ def input_columns(inputs: Dataset, read: Collection[str], filled: Sequence[str])
     return shown
 
 
+Rows = dict[str, list[str]]
+"""predictions.csv's rows of one dataset: each column's cells, as text."""
+
+
 def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndarray], n_rows: int,
-                    summary: SummarySettings) -> pd.DataFrame:
-    """The rows of predictions.csv for one dataset's ``predictions`` group (an xarray Dataset)."""
-    parts = []
+                    summary: SummarySettings) -> Rows:
+    """The rows of predictions.csv for one dataset's ``predictions`` group (an xarray Dataset), as text.
+
+    Each cell is what ``DataFrame.to_csv`` writes for it (`as_text`): a predict job writes a dataset's rows
+    in a few microseconds instead of building and writing a DataFrame, a noticeable part of a prediction."""
+    columns = [*KEY_COLUMNS, *inputs, *stat_columns(summary)]
+    rows: Rows = {column: [] for column in columns}
     for name, var in predictions.data_vars.items():
         shape = var.shape[2:]
         # an element's draws contiguous: its statistics read them in one pass
@@ -68,27 +77,51 @@ def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndar
         labels = [_labels(predictions, dim, size) for dim, size in zip(var.dims[2:], shape, strict=True)]
         rest = labels[1:] if per_row else labels
         elements = [", ".join(map(str, combo)) for combo in itertools.product(*rest)] if rest else [""]
-        rows = np.repeat(np.arange(n_rows), len(elements)) if per_row else None
-        count = len(rows) if per_row else len(elements)
-        frame = {"dataset": dataset_id, "variable": name,
-                 "row": pd.array(rows if per_row else [pd.NA] * count, dtype="Int64"),
-                 "element": np.tile(elements, n_rows if per_row else 1)}
+        row = np.repeat(np.arange(n_rows), len(elements)) if per_row else None
+        count = len(row) if per_row else len(elements)
+        rows["dataset"] += [dataset_id] * count
+        rows["variable"] += [name] * count
+        rows["row"] += as_text(row) if per_row else [""] * count
+        rows["element"] += elements * (n_rows if per_row else 1)
         for column, values in inputs.items():  # a row's inputs; none for an element that is no row
-            frame[column] = values[rows] if per_row else pd.array([pd.NA] * count)
-        frame.update(zip(stat_columns(summary), stats, strict=True))
-        parts.append(pd.DataFrame(frame))
-    if not parts:
-        return pd.DataFrame(columns=[*KEY_COLUMNS, *inputs, *stat_columns(summary)])
-    return pd.concat(parts, ignore_index=True)
+            rows[column] += as_text(values[row]) if per_row else [""] * count
+        for column, values in zip(stat_columns(summary), stats, strict=True):
+            rows[column] += as_text(values)
+    return rows
+
+
+def as_text(values: np.ndarray) -> list[str]:
+    """Each value as ``DataFrame.to_csv`` writes it: numbers as NumPy's ``astype(str)`` (a float's shortest repr),
+    a missing value (NaN, None) as an empty cell, anything else as ``str``."""
+    array = np.asarray(values)
+    if array.dtype.kind in "biuf":
+        text = array.astype(str)
+        if array.dtype.kind == "f":
+            text[np.isnan(array)] = ""
+        return text.tolist()
+    return ["" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+            for value in array.tolist()]
 
 
 def _labels(dataset: Any, dim: str, size: int) -> list[Any]:
     return list(dataset[dim].values) if dim in dataset.coords else list(range(size))
 
 
-def write_rows(rows: pd.DataFrame, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        rows.to_csv(tmp, index=False)
+def write_rows(rows: Rows, path: Path) -> None:
+    """Write ``rows`` as a CSV file, as ``DataFrame.to_csv(index=False)`` writes them."""
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file, lineterminator="\n")
+        writer.writerow(rows)
+        writer.writerows(zip(*rows.values(), strict=True))
+
+
+def read_rows(path: Path) -> Rows:
+    """A rows file as `write_rows` wrote it: each column's cells, as text."""
+    with open(path, newline="") as file:
+        reader = csv.reader(file)
+        header = next(reader, [])
+        cells = list(zip(*reader, strict=True)) or [()] * len(header)
+    return {column: list(values) for column, values in zip(header, cells, strict=True)}
 
 
 def rows_header(path: Path) -> list[str]:
@@ -107,7 +140,7 @@ def collect_table(parts: Sequence[Path], target: Path, summary: SummarySettings)
     columns = [*KEY_COLUMNS, *inputs, *stats]
     written = 0
     with atomic_path(target) as tmp:
-        pd.DataFrame(columns=columns).to_csv(tmp, index=False)
+        write_rows(dict.fromkeys(columns, []), tmp)
         with open(tmp, "ab") as out:
             for part in parts:
                 written += _append(part, columns, out)
@@ -116,13 +149,17 @@ def collect_table(parts: Sequence[Path], target: Path, summary: SummarySettings)
 
 def _append(part: Path, columns: list[str], out: Any) -> int:
     """Append a rows file to ``out`` without its header; its rows (as they are when it has ``columns``, the
-    usual case: no parsing; otherwise read and laid out in ``columns``)."""
+    usual case; otherwise laid out in ``columns``, empty where it lacks one)."""
     if rows_header(part) == columns:
         with open(part, "rb") as file:
             file.readline()
             body = file.read()
         out.write(body)
         return body.count(b"\n")
-    frame = pd.read_csv(part, keep_default_na=False, na_values=[""], dtype={"row": "Int64"})
-    out.write(frame.reindex(columns=columns).to_csv(header=False, index=False).encode())
-    return len(frame)
+    rows = read_rows(part)
+    n_rows = len(next(iter(rows.values()), []))
+    laid_out = {column: rows.get(column, [""] * n_rows) for column in columns}
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(zip(*laid_out.values(), strict=True))
+    out.write(text.getvalue().encode())
+    return n_rows
