@@ -484,3 +484,15 @@ def test_changed_interval_settings_recompute_each_datasets_statistics_and_keep_i
         expected = arviz_stats.summary(tree["predictions"].to_dataset()[["conc"]].load(), kind="stats",
                                        ci_kind="eti", ci_prob=0.5, round_to="none")
     np.testing.assert_allclose(rows[["mean", "sd", "eti50_lb", "eti50_ub"]], expected, rtol=1e-12)
+
+
+def test_the_curves_wait_only_for_the_batches_predicting_a_dataset_drawn() -> None:
+    from batchfit.predictions.drawn import batches_drawn, drawn_datasets
+    from batchfit.settings import ReportSettings
+
+    predicted = [f"s{i}" for i in range(1, 9)]
+    batches = {"a": {"s1": None, "s2": None}, "b": {"s3": None, "s4": None}, "c": {"s7": None}, "d": {"s8": None}}
+    report = ReportSettings(first_datasets=3, datasets=("s7", "unknown"))
+    assert drawn_datasets(report, predicted) == ["s1", "s2", "s3", "s7"]
+    assert batches_drawn(report, predicted, batches) == ["a", "b", "c"]
+    assert batches_drawn(ReportSettings(first_datasets=0, datasets=()), predicted, batches) == []

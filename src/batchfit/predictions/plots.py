@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from batchfit.config import Config
 from batchfit.errors import ConfigError
 from batchfit.outputs.plots import plot_file_name, save_figure
+from batchfit.predictions.drawn import drawn_datasets
 from batchfit.predictions.table import KEY_COLUMNS, stat_columns
 
 log = logging.getLogger("batchfit")
@@ -29,22 +30,17 @@ MAX_PANELS = 4  # predicted variables drawn per dataset
 MAX_CURVES = 12  # curves per panel (combinations of the other inputs)
 
 
-def drawn_datasets(config: Config, predicted: Sequence[str]) -> list[str]:
-    """The datasets whose curves are drawn: the first ``report.first_datasets`` predicted, and ``report.datasets``."""
+def write_prediction_plots(config: Config, predicted: Sequence[str]) -> list[Path]:
+    """``plots/predictions/{dataset}.png`` for each dataset drawn that has predictions; returns the files."""
     unknown = [d for d in config.report.datasets if d not in predicted]
     if unknown:
         raise ConfigError(f"report.datasets names {', '.join(map(repr, unknown))}, which the sweep does not predict",
                           key="report.datasets", source=config.source)
-    return list(dict.fromkeys([*predicted[:config.report.first_datasets], *config.report.datasets]))
-
-
-def write_prediction_plots(config: Config, predicted: Sequence[str]) -> list[Path]:
-    """``plots/predictions/{dataset}.png`` for each dataset drawn that has predictions; returns the files."""
     out = config.layout.prediction_plots
     shutil.rmtree(out, ignore_errors=True)  # no plot of a dataset no longer drawn
     out.mkdir(parents=True)
     written = []
-    for dataset_id in drawn_datasets(config, predicted):
+    for dataset_id in drawn_datasets(config.report, predicted):
         rows = config.layout.prediction_rows(dataset_id)
         if not rows.exists():
             log.warning("plots: %s has no predictions to draw", dataset_id)

@@ -17,6 +17,7 @@ from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan, 
 from batchfit.sweep.sbc.sweep import sbc_config, template, template_sweep_coding
 from batchfit.sweep.predict_plan import sweep_predict_plan, write_predict_plan
 from batchfit.predictions.new_data import new_data_files
+from batchfit.predictions.drawn import batches_drawn
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.configfiles)) or "<snakemake config>"
 # batchfit's checks first: their messages name the key (with a did-you-mean) and the config file,
@@ -275,6 +276,13 @@ def predict_job_outputs(wildcards):
     layout = bf(wildcards).layout
     output = layout.predict_manifest if SHARED_FS else layout.predict_outputs
     return [str(output(b)) for b in predict_sweep(wildcards.get("variant")).batches]
+
+
+def prediction_plot_inputs(wildcards):
+    """The predict jobs the report's curves wait for: those predicting a dataset drawn (the others go on beside)."""
+    plan = predict_sweep(wildcards.get("variant"))
+    layout = bf(wildcards).layout
+    return [str(layout.predict_manifest(b)) for b in batches_drawn(bf(wildcards).report, plan.predicted, plan.batches)]
 
 
 def predict_paths(path):

@@ -70,10 +70,11 @@ rule collect_predictions:
 
 rule prediction_plots:
     """The predicted curves with their bands over the observed data, for the report (report.datasets). Drawn from
-    each dataset's rows as its predict job wrote them: beside collect_predictions, or after it where it adopts them
+    each dataset's rows as its predict job wrote them, as soon as the jobs predicting the datasets drawn are done
+    (beside the other predict jobs and collect_predictions), or after collect_predictions where it adopts them
     (without a shared filesystem)."""
     input:
-        predict_job_outputs if SHARED_FS else here(rules.collect_predictions.output.table),
+        prediction_plot_inputs if SHARED_FS else here(rules.collect_predictions.output.table),
     output:
         report(
             directory(here(LAYOUT.prediction_plots)),
