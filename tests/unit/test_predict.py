@@ -496,3 +496,13 @@ def test_the_curves_wait_only_for_the_batches_predicting_a_dataset_drawn() -> No
     assert drawn_datasets(report, predicted) == ["s1", "s2", "s3", "s7"]
     assert batches_drawn(report, predicted, batches) == ["a", "b", "c"]
     assert batches_drawn(ReportSettings(first_datasets=0, datasets=()), predicted, batches) == []
+
+
+def test_the_predict_and_collect_predictions_jobs_do_not_import_matplotlib() -> None:
+    """Only the curves' job draws: the others' processes start without matplotlib's import."""
+    import subprocess
+    import sys
+
+    code = "import sys, batchfit.sweep.predict_job; print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout

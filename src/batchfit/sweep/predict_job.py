@@ -19,7 +19,6 @@ from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.predictions.batch import predict_batch
 from batchfit.predictions.collect import collect_predictions
 from batchfit.predictions.inputs import PredictInputs, stage_predict_inputs
-from batchfit.predictions.plots import write_prediction_plots
 from batchfit.records.compile_stamp import CompileStamp
 from batchfit.records.manifest import Outcome
 from batchfit.sweep.plan import sweep_plan
@@ -68,6 +67,10 @@ def run_collect_predictions(config: Config, batch_outputs: Sequence[str | Path] 
 
 def run_prediction_plots(config: Config) -> list[Path]:
     """The report's predicted curves (`batchfit.predictions.plots`)."""
+    # Imported here: matplotlib is half of this module's imports, which collect_predictions' and the predict jobs'
+    # processes would pay for nothing.
+    from batchfit.predictions.plots import write_prediction_plots
+
     return write_prediction_plots(config, predict_plan(config, record=False).predicted)
 
 
