@@ -38,41 +38,33 @@ SETTING_FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 
-class TableData:
+def table_data(path: Path) -> Any:
     """What ``build_model(data)`` receives, read independently of batchfit: arrays and text labels.
 
     Text columns become codes 0..K-1 of their sorted labels (batchfit's documented coding);
     NetCDF data variables keep their rank and 1-D coordinates become labels.
     """
+    from posterior_checks import ModelInput
 
-    def __init__(self, path: Path) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-        self.coords: dict[str, tuple] = {}
-        if path.suffix == ".csv":
-            import pandas as pd
+    arrays: dict[str, np.ndarray] = {}
+    coords: dict[str, tuple] = {}
+    if path.suffix == ".csv":
+        import pandas as pd
 
-            for name, column in pd.read_csv(path).items():
-                if not pd.api.types.is_numeric_dtype(column):
-                    labels = tuple(sorted(column.unique()))
-                    self.arrays[name] = np.searchsorted(labels, column.to_numpy()).astype(np.int64)
-                    self.coords[name] = labels
-                else:
-                    self.arrays[name] = column.to_numpy()
-        else:
-            import xarray as xr
+        for name, column in pd.read_csv(path).items():
+            if not pd.api.types.is_numeric_dtype(column):
+                labels = tuple(sorted(column.unique()))
+                arrays[name] = np.searchsorted(labels, column.to_numpy()).astype(np.int64)
+                coords[name] = labels
+            else:
+                arrays[name] = column.to_numpy()
+    else:
+        import xarray as xr
 
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
-                self.arrays = {str(k): np.asarray(v.values) for k, v in ds.data_vars.items()}
-                self.coords = {str(k): tuple(c.values.tolist()) for k, c in ds.coords.items() if c.ndim == 1}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.arrays
-
-    def keys(self) -> Any:
-        return self.arrays.keys()
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            arrays = {str(k): np.asarray(v.values) for k, v in ds.data_vars.items()}
+            coords = {str(k): tuple(c.values.tolist()) for k, c in ds.coords.items() if c.ndim == 1}
+    return ModelInput(arrays, coords)
 
 
 def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
@@ -89,7 +81,7 @@ def fit_reference(directory: Path, sampler: dict[str, Any]) -> str:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     [data_file] = sorted((directory / "data").iterdir())
-    model = module.build_model(TableData(data_file))
+    model = module.build_model(table_data(data_file))
     idata, backend = sample_reference(model, draws=sampler["draws"], tune=sampler["tune"],
                                       chains=sampler["chains"], random_seed=sampler["seed"] + 1)
     idata.posterior.to_netcdf(directory / "reference.nc", engine="h5netcdf")

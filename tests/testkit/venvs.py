@@ -33,7 +33,7 @@ from testkit import REPO
 
 USER_VENV = REPO / ".venv-user"
 REFERENCE_VENV = REPO / ".venv-reference"
-# What the reference side imports (pymc, nutpie, pytensor's JAX backend, the readers of parity_run.TableData,
+# What the reference side imports (pymc, nutpie, pytensor's JAX backend, the readers of parity_run.table_data,
 # posterior_checks) at the test venv's versions, so the two sides differ only in the backend.
 REFERENCE_PINNED = ("pymc", "pytensor", "nutpie", "numba", "numpy", "scipy", "pandas", "xarray", "h5netcdf", "h5py",
                     "arviz", "arviz-base", "arviz-stats", "pyyaml")
