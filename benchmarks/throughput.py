@@ -57,19 +57,18 @@ def child(args: argparse.Namespace) -> None:
     import nutpie
 
     import batchfit.fitting.fitter as fit
-    from batchfit.data.dataset import load_dataset
     from batchfit.fitting.batch import fit_datasets
 
     t_import = time.perf_counter()
-    cache, paths, ref = fit.prepare(config)
+    cache, reader, ref = fit.prepare(config)
     fitter = fit.Fitter(config, ref, cache)
     compiled = fitter.reference.compiled
     t_setup = time.perf_counter()
     s = config.sampler
-    ids = list(paths)[:args.n]
+    ids = list(reader.index)[:args.n]
 
     # Pure sampling: every sampler model made first, then only nutpie.sample is timed.
-    samplers = {d: compiled.sampler_for(fitter.build(load_dataset(d, paths[d], ref.coding))) for d in ids}
+    samplers = {d: compiled.sampler_for(fitter.build(reader.load(d))) for d in ids}
     pure = []
     for dataset_id, sampler in samplers.items():
         start = time.perf_counter()
@@ -84,7 +83,7 @@ def child(args: argparse.Namespace) -> None:
 
     def fit_all(job_fitter, threads: int, record_rss: bool = False) -> float:
         start = time.perf_counter()
-        for i, (_, outcome) in enumerate(fit_datasets(job_fitter, enumerate(ids), paths, threads=threads), 1):
+        for i, (_, outcome) in enumerate(fit_datasets(job_fitter, enumerate(ids), threads=threads), 1):
             if outcome.status != "ok":
                 raise SystemExit(f"{outcome.dataset} failed at {outcome.stage}: {outcome.message}")
             if record_rss and (i == 10 or i % 50 == 0 or i == len(ids)):
@@ -102,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
 
         pr = cProfile.Profile()
         pr.enable()
-        list(fit_datasets(fitter, enumerate(ids[:10]), paths, threads=2))
+        list(fit_datasets(fitter, enumerate(ids[:10]), threads=2))
         pr.disable()
         buf = io.StringIO()
         st = pstats.Stats(pr, stream=buf)
