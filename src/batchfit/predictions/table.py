@@ -62,8 +62,8 @@ def prediction_rows(dataset_id: str, predictions: Any, inputs: dict[str, np.ndar
                     summary: SummarySettings) -> Rows:
     """The rows of predictions.csv for one dataset's ``predictions`` group (an xarray Dataset), as text.
 
-    Each cell is what ``DataFrame.to_csv`` writes for it (`as_text`): a predict job writes a dataset's rows
-    in a few microseconds instead of building and writing a DataFrame, a noticeable part of a prediction."""
+    Each cell is what ``DataFrame.to_csv`` writes for it (`as_text`): building and writing a DataFrame per
+    dataset was a noticeable part of a prediction."""
     columns = [*KEY_COLUMNS, *inputs, *stat_columns(summary)]
     rows: Rows = {column: [] for column in columns}
     for name, var in predictions.data_vars.items():
