@@ -340,3 +340,20 @@ def test_snakemake_dry_run_shows_exactly_the_affected_fits(project: Path, sessio
     data.write_text(data.read_text() + data.read_text().splitlines()[-1] + "\n")
     jobs = snakemake_dry_run(project, settings(project, session_cache))
     assert jobs.get("fit") == 1, jobs
+
+
+def test_planning_a_known_sweep_imports_no_pandas(project: Path, session_cache: Path) -> None:
+    """Every `snakemake` start parses the Snakefile and plans the sweep; once the plan has read the data
+    files' columns (the coding registry), planning reads no table, so a start waits for no import of
+    pandas. Python's own record of the imports of a real ``snakemake -n`` says which modules it loaded."""
+    config = write_config(project / "sweep.yaml", settings(project, session_cache))
+
+    def imported_by_a_dry_run() -> set[str]:
+        proc = snakemake(project, config, "-n", env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "collect" in planned_jobs(proc)
+        return set(re.findall(r"^import time:.*\| +([\w.]+)$", proc.stderr, re.M))
+
+    assert {"batchfit.sweep.plan", "pandas"} <= imported_by_a_dry_run()  # the first plan reads the columns
+    imported = imported_by_a_dry_run()
+    assert "batchfit.sweep.plan" in imported and "pandas" not in imported, sorted(imported)

@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from batchfit.errors import DatasetError, one_line
 from batchfit.settings import ColumnSettings, RowRules
+
+if TYPE_CHECKING:  # pandas is imported where it is used: planning a sweep of files (the Snakefile's parse) needs none
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ def rule_masks(frame: pd.DataFrame, rules: RowRules, *, dataset: str | None = No
                path: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row: whether `rows.where` holds, and whether it has a value in every `rows.drop_missing` column. Each
     rule judges a row alone, so a table's groups can be judged in one go."""
+    import pandas as pd
+
     where = np.ones(len(frame), dtype=bool)
     if rules.where is not None and len(frame):
         try:
@@ -79,6 +84,8 @@ def rule_masks(frame: pd.DataFrame, rules: RowRules, *, dataset: str | None = No
 def infer_numbers(frame: pd.DataFrame, keep_text: Collection[str]) -> pd.DataFrame:
     """``frame`` with each text column (but ``keep_text``) whose values all read as numbers turned into numbers
     (int64 without missing values, else float64), as pandas types a CSV file of just these rows."""
+    import pandas as pd
+
     changed = {}
     for name, column in frame.items():
         if name in keep_text or pd.api.types.is_numeric_dtype(column.dtype) or not column.notna().any():

@@ -22,15 +22,17 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from batchfit.data.ids import MISSING_KEY, SAFE_ID_RULE, is_safe_id, key_text, missing_key_id, unique_ids
 from batchfit.data.rows import apply_where_and_missing
 from batchfit.errors import ConfigError, DatasetError, one_line
 from batchfit.settings import RowRules, TableSource
+
+if TYPE_CHECKING:  # pandas is imported where it is used: planning a sweep of files (the Snakefile's parse) needs none
+    import pandas as pd
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _SCAN_FORMAT = 1
@@ -74,6 +76,8 @@ def read_table(path: Path, *, keys: Mapping[str, Collection[Any]] | None = None,
     For Parquet the filter goes to pyarrow, which reads only the row groups and partitions that may
     hold those keys; a CSV file is read whole and filtered.
     """
+    import pandas as pd
+
     kind = table_format(path)
     if kind == "CSV":
         frame = pd.read_csv(path, dtype={name: str for name in as_text})
@@ -236,6 +240,8 @@ class Groups:
 def split_keys(frame: pd.DataFrame, by: Iterable[str]) -> Groups:
     """Each row's group by the values of the ``by`` columns (missing in any: no group), groups in order of
     first appearance."""
+    import pandas as pd
+
     by = list(by)
     missing = np.zeros(len(frame), dtype=bool)
     for name in by:
@@ -258,6 +264,8 @@ def split_keys(frame: pd.DataFrame, by: Iterable[str]) -> Groups:
 
 def group_digests(frame: pd.DataFrame, codes: np.ndarray, n_groups: int) -> list[str]:
     """Each group's digest: sha256 of its rows' 128-bit hashes in row order (see the module docstring)."""
+    import pandas as pd
+
     names = sorted(str(c) for c in frame.columns)
     normal = pd.DataFrame({name: _normalised(frame[name]) for name in names})
     hashes = np.stack([pd.util.hash_pandas_object(normal, index=False, hash_key=k).to_numpy() for k in _HASH_KEYS],
@@ -277,6 +285,8 @@ def rows_digest(frame: pd.DataFrame) -> str:
 
 def _normalised(column: pd.Series) -> pd.Series:
     """A column as hashed: numbers (bool, integers, floats) as float64, anything else as text."""
+    import pandas as pd
+
     if pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_complex_dtype(column.dtype):
         return pd.Series(column.to_numpy(dtype=np.float64, na_value=np.nan), index=column.index)
     text = column.astype(object)
@@ -288,6 +298,8 @@ def _column_kinds(frame: pd.DataFrame, columns: Iterable[str], rules: RowRules, 
     """Per data column the number of groups that vote it numbers, text or nothing once the row rules dropped
     their rows (as `batchfit.data.readers.column_vote` counts a file), and per text column its labels with the
     first (group id, row) they appear at."""
+    import pandas as pd
+
     positions = pd.Series(np.arange(len(frame)), index=frame.index)
     try:
         kept, _ = apply_where_and_missing(frame.assign(**{_POSITION: positions}), rules)

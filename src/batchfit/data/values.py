@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from batchfit.data.ids import key_text, unique_ids
 from batchfit.data.tables import group_digests, read_table, split_keys
 from batchfit.errors import ConfigError, DatasetError, one_line
 from batchfit.settings import TableSource
+
+if TYPE_CHECKING:  # pandas is imported where it is used: planning a sweep of files (the Snakefile's parse) needs none
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ def with_values(arrays: Mapping[str, np.ndarray], values: Mapping[str, np.ndarra
 
 def _scalar(value: Any) -> np.ndarray:
     """A side table's cell as a 0-d array: a number as float64 (integers as int64), else text."""
+    import pandas as pd
+
     if isinstance(value, bool | np.bool_):
         return np.asarray(value, dtype=np.int64)
     if isinstance(value, int | np.integer):
