@@ -266,7 +266,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if failed:
             print(f"fit: {failed} dataset(s) failed", file=sys.stderr)
     if args.command in ("collect", "run"):
-        print(pipeline.run_collect(config, workers=args.workers).one_line())
+        from batchfit.sweep.collect_job import run_collect
+
+        print(run_collect(config, workers=args.workers).one_line())
         failed_report = failure_report(config)
         if failed_report:
             print(failed_report, file=sys.stderr)

@@ -7,7 +7,8 @@ import pytest
 from testkit import REPO
 
 from batchfit.config import config_from_dict
-from batchfit.sweep.stages import run_collect, run_compile, run_fit
+from batchfit.sweep.collect_job import run_collect
+from batchfit.sweep.stages import run_compile, run_fit
 
 REPO_MODEL = "models/nes.py"
 

@@ -20,7 +20,8 @@ from batchfit.sweep.verdict import end_of_run
 
 def test_a_badly_sampling_dataset_is_a_warning_with_its_diagnostics(tmp_path: Path, session_cache: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchfit.sweep.stages import run_collect, run_fit
+    from batchfit.sweep.collect_job import run_collect
+    from batchfit.sweep.stages import run_fit
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()

@@ -71,6 +71,7 @@ def pk_sweep(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """Three subjects fitted by batchfit (compile, fit, collect) with predictions on a grid: the config file."""
     from batchfit.config import load_config
     from batchfit.sweep import stages
+    from batchfit.sweep.collect_job import run_collect
 
     root = tmp_path_factory.mktemp("pk")
     (root / "model.py").write_text(PK_MODEL)
@@ -82,7 +83,7 @@ def pk_sweep(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     stamp = stages.run_compile(config, workers=2)
     assert stamp.forward_key, "the compile stage compiles the reference's forward function ahead"
     assert stages.run_fit(config) == 0
-    stages.run_collect(config)
+    run_collect(config)
     return path
 
 

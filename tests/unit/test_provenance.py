@@ -27,8 +27,9 @@ from batchfit.config import Config, config_from_dict
 from batchfit.errors import BatchfitError
 from batchfit.model.simulate import simulate_datasets
 from batchfit.schema import config_schema
+from batchfit.sweep.collect_job import run_collect
 from batchfit.sweep.plan import compile_stamp_path, compiled_bundle_path, plan
-from batchfit.sweep.stages import run_collect, run_compile, run_fit
+from batchfit.sweep.stages import run_compile, run_fit
 
 IDS = ["shop_000", "shop_001", "shop_002"]
 SAMPLER = {"draws": 50, "tune": 50, "chains": 1, "target_accept": 0.8, "seed": 5}

@@ -116,7 +116,7 @@ def collect(
 
     ``expected_provenance`` (dataset id -> digest, `batchfit.fitting.provenance.expected_digests`) is
     what the current config gives; a fit that recorded another digest is an error (see
-    `collect_fits`). The sweep (`batchfit.sweep.stages.run_collect`) always passes it, and helper
+    `collect_fits`). The sweep (`batchfit.sweep.collect_job.run_collect`) always passes it, and helper
     processes it started early for ``workers``.
     """
     return collect_fits(dataset_ids, fits=config.layout, thresholds=config.health, summary=config.summary,

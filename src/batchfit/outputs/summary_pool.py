@@ -7,7 +7,7 @@ cached. A helper is ``python -m batchfit.outputs.summary_process`` reading its p
 each dataset id whose entry it wrote (a `batchfit.common.standby` process).
 
 A helper's start (Python and collect's imports) costs as much as summarising dozens of tiny
-fits, so `batchfit.sweep.stages.run_collect` starts the helpers before it imports collect and
+fits, so `batchfit.sweep.collect_job.run_collect` starts the helpers before it imports collect and
 computes the sweep's digests: the helpers start up meanwhile, and are ready when collect knows
 which fits are new.
 """

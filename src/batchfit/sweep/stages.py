@@ -1,4 +1,5 @@
-"""The sweep's stages as plain functions: plan, compile, fit, collect, SBC (the run's verdict: `verdict`).
+"""The sweep's stages as plain functions: plan, compile, fit, compare, SBC (collect: `collect_job`; the run's
+verdict: `verdict`).
 
 The Snakemake rules (``scripts/*.py``) and the ``batchfit`` command line both call these, so a
 sweep behaves the same with or without Snakemake.
@@ -21,17 +22,10 @@ from batchfit.cache.store import open_cache, read_entry
 from batchfit.common.standby import Standby
 from batchfit.compile.worker_pool import compile_workers, worker_environment
 from batchfit.config import Config
-from batchfit.data.discovery import discover_datasets
 from batchfit.errors import is_expected, one_line
 from batchfit.fitting.batch import after_sampling, fit_batch
-from batchfit.fitting.fit_register import settle
 from batchfit.fitting.fitter import Fitter, prepare
-from batchfit.fitting.provenance import expected_digests
 from batchfit.fitting.refits import refit_batch
-from batchfit.outputs import summary_pool
-from batchfit.outputs.adopt import adopt_batch_outputs
-from batchfit.outputs.collect import collect, stale_fits_error
-from batchfit.outputs.orphans import move_orphans
 from batchfit.predictions.ahead import compile_forward_ahead
 from batchfit.records.compile_stamp import CompileStamp, ReferenceFit
 from batchfit.sweep.plan import batch_id, plan
@@ -129,42 +123,6 @@ def run_fit(config: Config, dataset_ids: Sequence[str] | None = None, *, threads
     for name, ids in batches.items():
         failed += fit_batch(config, ids, batch_id=name, threads=threads).n_failed
     return failed
-
-
-def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str | Path] = ()) -> Any:
-    """Combine every dataset's fit into posteriors.nc, summary.csv, datasets.csv and failures.csv.
-
-    Every fit must have the provenance the current config gives (see `collect`): a sweep never
-    mixes fits made with other settings, models or data. ``workers``: processes that summarise
-    new fits at once. ``batch_outputs``: the fit jobs' own output directories (no shared filesystem),
-    adopted first (`adopt_batch_outputs`).
-    """
-    adopt_batch_outputs(config.layout, batch_outputs)
-
-    datasets = discover_datasets(config.data_sources)
-    # The helpers start now, so that their start-up (collect's imports) overlaps this process's
-    # own, and the digests' computing: ready when collect knows which fits are new.
-    with summary_pool.started(summary_pool.helpers_for(workers, len(datasets))) as helpers:
-
-        # Only the ids and digests outlive these lines: otherwise collect's peak memory holds each
-        # dataset's Path and recorded digest to the end, a growth with N.
-        expected = expected_digests(config, datasets)
-        dataset_ids = list(datasets)
-        del datasets
-        move_orphans(config.layout, dataset_ids)
-        register = settle(config.layout, dataset_ids)
-        # A changed setting makes every fit stale at once: the register (read by every plan) says so
-        # before collect spends as long as a whole collect reading and summarising each fit only to
-        # refuse it. collect still checks the digest each fit itself recorded.
-        stale, n_fits = [], 0
-        for d in dataset_ids:
-            recorded = register.digest(d)
-            n_fits += recorded is not None
-            if recorded is not None and recorded != expected[d]:
-                stale.append(d)
-        if stale:
-            raise stale_fits_error(stale, n_fits, config.layout.fit)
-        return collect(config, dataset_ids, expected_provenance=expected, workers=helpers, register=register)
 
 
 def run_compare(config: Config, *, threads: int = 1) -> list[Path]:

@@ -2,8 +2,8 @@
 import logging
 
 from batchfit.common.quick_exit import quick_exit
+from batchfit.sweep.collect_job import run_collect
 from batchfit.sweep.snakemake_job import log_to, snakemake_config
-from batchfit.sweep.stages import run_collect
 
 config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
 with log_to(snakemake.log[0]):
