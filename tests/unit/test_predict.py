@@ -432,7 +432,6 @@ def test_a_model_the_cached_forward_function_cannot_take_is_predicted_by_pymc_it
     np.testing.assert_array_equal(ours["predictions"]["obs"].values, theirs["predictions"]["obs"].values)
 
 
-
 def test_rows_files_are_the_text_pandas_to_csv_writes(tmp_path: Path) -> None:
     """predictions.csv's rows are written without pandas; each cell is what DataFrame.to_csv writes for it."""
     from batchfit.predictions.table import as_text, read_rows, write_rows
