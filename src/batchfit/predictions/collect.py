@@ -60,8 +60,9 @@ def _rows_again(config: Config, dataset_id: str) -> None:
     numbers = [int(row) for row in old["row"] if row] if old is not None else []
     fresh = prediction_rows(dataset_id, predictions, {}, max(numbers) + 1 if numbers else 0, config.summary)
     if old is not None and len(old["dataset"]) == len(fresh["dataset"]):  # the same rows in order: keep their inputs
-        kept = list(old.items())[:-4]  # the statistics are the last four columns
-        fresh = dict(kept) | {column: fresh[column] for column in stat_columns(config.summary)}
+        stats = stat_columns(config.summary)
+        kept = list(old.items())[:-len(stats)]  # the statistics are the last columns (named after the old ci_prob)
+        fresh = dict(kept) | {column: fresh[column] for column in stats}
     with atomic_path(rows) as tmp:
         write_rows(fresh, tmp)
 
