@@ -59,19 +59,19 @@ def stage_predict_job(config: Config, batch: str, stamp: Path, directory: Path) 
 
 def run_collect_predictions(config: Config, batch_outputs: Sequence[str | Path] = ()) -> str:
     """predictions.csv and prediction_failures.csv of the sweep (adopting the predict jobs' own outputs first),
-    and the failed predictions for the run's verdict."""
-    line = collect_predictions(config, predict_plan(config, record=False).predicted, batch_outputs)
+    and the failed predictions for the run's verdict. The datasets are those of the plan the run recorded."""
+    line = collect_predictions(config, sweep_predict_plan(config, job=True).predicted, batch_outputs)
     write_prediction_verdict(config)
     return line
 
 
 def run_prediction_plots(config: Config) -> list[Path]:
-    """The report's predicted curves (`batchfit.predictions.plots`)."""
+    """The report's predicted curves (`batchfit.predictions.plots`) of the datasets in the plan the run recorded."""
     # Imported here: matplotlib is half of this module's imports, which collect_predictions' and the predict jobs'
     # processes would pay for nothing.
     from batchfit.predictions.plots import write_prediction_plots
 
-    return write_prediction_plots(config, predict_plan(config, record=False).predicted)
+    return write_prediction_plots(config, sweep_predict_plan(config, job=True).predicted)
 
 
 def run_predict(config: Config, dataset_ids: Sequence[str] | None = None) -> tuple[int, str]:
