@@ -506,3 +506,48 @@ def test_the_predict_and_collect_predictions_jobs_do_not_import_matplotlib() -> 
     code = "import sys, batchfit.sweep.predict_job; print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_each_jobs_work_runs_with_the_garbage_collector_on_after_a_paused_start(pk_sweep: Path, session_cache: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The rule scripts of fit, collect, plots and predict pause Python's garbage collector before their
+    imports (`batchfit.common.collector`); each job's work must turn it back on, its set-up frozen out of
+    it. In one process that pauses before each job, as each rule script does, on a copy of the sweep."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = tmp_path / "pk"
+    shutil.copytree(pk_sweep.parent, root)
+    path = write_config(root / "config.yaml", pk_settings(root, session_cache, {"grid": GRID}))
+    code = f"""
+import gc
+import weakref
+from batchfit.common import collector
+from batchfit.config import load_config
+from batchfit.fitting.batch import fit_batch
+from batchfit.outputs.plots import write_plots
+from batchfit.sweep.collect_job import run_collect
+from batchfit.sweep.predict_job import run_predict
+
+class Node:
+    pass
+
+def garbage():  # a reference cycle, unreachable: only a collection frees it, unless it was frozen first
+    node = Node(); node.self = node
+    return weakref.ref(node)
+
+config = load_config({str(path)!r})
+jobs = {{"fit": lambda: fit_batch(config, ["s1"], batch_id="batch-s1"), "collect": lambda: run_collect(config),
+        "plots": lambda: write_plots(config), "predict": lambda: run_predict(config, ["s1"])}}
+for name, job in jobs.items():
+    collector.pause()
+    before = garbage()  # of the job's start: frozen where its work begins
+    job()
+    gc.collect()
+    print("job", name, gc.isenabled(), before() is not None)
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("job ")]
+    assert lines == [[name, "True", "True"] for name in ("fit", "collect", "plots", "predict")]

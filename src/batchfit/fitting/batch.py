@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchfit.common import collector
 from batchfit.common.atomic import remove_stale_temporaries
 from batchfit.compat.nutpie import wait_for_sampler_threads
 from batchfit.compile.structures import Structure
@@ -67,6 +68,7 @@ def fit_batch(config: Config, dataset_ids: Sequence[str], *, batch_id: str, thre
     with lanes(config, dataset_ids, threads=threads, inputs=inputs) as job_lanes:
         cache, reader, ref = prepare(config, inputs, wanted=dataset_ids)
         fitter = Fitter(config, ref, cache, compile_workers=threads)
+        collector.resume()  # the imports, the reference model and the compiled function live to the end
         log.info("compile: %s", fitter.compile_line)
         report = BatchReport(batch_id, fitter.compile_line)
         progress = Progress(len(dataset_ids))

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from batchfit.common import collector
 from batchfit.common.atomic import atomic_path
 from batchfit.config import Config
 from batchfit.errors import ConfigError
@@ -293,6 +294,7 @@ def write_plots(config: Config) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [config.layout.health_plot]
     plot_health(read_health(config.layout.datasets_csv, max_rows=0), written[0])
+    collector.resume()  # matplotlib's imports and fonts, loaded for the first figure, live to the end
     forest_dir = config.layout.forest_plots
     shutil.rmtree(forest_dir, ignore_errors=True)  # no plot of a variable no longer selected
     forest_dir.mkdir()

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from batchfit.common import collector
 from batchfit.config import Config
 from batchfit.data.discovery import source_of
 from batchfit.errors import BatchfitError, DatasetError, is_expected, one_line, reason_of
@@ -37,6 +38,7 @@ def predict_batch(config: Config, expected: Mapping[str, Expected], *, batch_id:
     cache, reader, ref = prepare(config, inputs.job, wanted=list(expected))
     paths = reader.index
     predictor = Predictor(config, ref, cache, load_model_file(config.model))
+    collector.resume()  # the imports and the reference model live to the end
     new_files = inputs.new_files(config)
     new_data = new_data_reader(config, new_files, reader.coding, expected)
     outcomes = []

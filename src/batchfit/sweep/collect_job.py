@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from batchfit.common import collector
 from batchfit.config import Config
 from batchfit.data.discovery import discover_datasets
 from batchfit.fitting.fit_register import settle
@@ -28,6 +29,7 @@ def run_collect(config: Config, *, workers: int = 1, batch_outputs: Sequence[str
     new fits at once. ``batch_outputs``: the fit jobs' own output directories (no shared filesystem),
     adopted first (`adopt_batch_outputs`).
     """
+    collector.resume()  # collect's imports are done: they live to the end
     adopt_batch_outputs(config.layout, batch_outputs)
 
     datasets = discover_datasets(config.data_sources)

@@ -138,16 +138,19 @@ def end_run(error=False):
     """End the run with the status rule's verdict as its last lines, success or not: how many datasets were
     fitted and how healthy, and which failed (`batchfit.sweep.verdict.end_of_run`), exiting non-zero when
     datasets failed or (`error=True`) a job did; and let Snakemake exit as soon as the run ends, not a
-    second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`).
+    second later (the scheduler's last timer: `batchfit.compat.snakemake.end_snakemake_rate_timers`; the
+    interpreter's last garbage collections: `batchfit.common.collector`).
 
     A function, so that a project using this workflow as a module can call it from its own
     `onsuccess:` and `onerror:` (Snakemake runs only the main Snakefile's): last in both, since it
     ends the process. A run that wrote no verdict (a job failed before the status rule, or a target
     without it, such as `snakemake sbc`) is left to end as Snakemake ends it.
     """
+    from batchfit.common import collector
     from batchfit.sweep.verdict import end_of_run  # here: parsing the Snakefile waits for no more imports
 
     end_snakemake_rate_timers()
+    collector.freeze()  # the run is over: the interpreter's collections at exit skip Snakemake's whole heap
     ends = [end_of_run(c, since=workflow.start_time.timestamp()) for c in CONFIGS.values()]
     code, verdict = max(c for c, _ in ends), "\n".join(v for _, v in ends if v)
     if not verdict:

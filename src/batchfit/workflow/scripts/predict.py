@@ -1,8 +1,12 @@
 """Snakemake rule `predict_batch`: predict one batch of datasets with one cached forward function per structure."""
-from pathlib import Path
+from batchfit.common import collector
 
-from batchfit.common.quick_exit import quick_exit
-from batchfit.sweep.snakemake_job import log_to, snakemake_config
+collector.pause()  # before the imports: they live until the job ends (batchfit.common.collector)
+
+from pathlib import Path  # noqa: E402
+
+from batchfit.common.quick_exit import quick_exit  # noqa: E402
+from batchfit.sweep.snakemake_job import log_to, snakemake_config  # noqa: E402
 
 # The config first: it sets the CPU target numba compiles for, before batchfit.predictions loads numba.
 config = snakemake_config(snakemake.config, snakemake.params.config_source, snakemake.wildcards.get("variant"))
