@@ -13,7 +13,7 @@ import sys
 from batchfit.project import workflow_snakefile
 
 # The rule scripts whose jobs resume the collector where their work begins.
-PAUSING_SCRIPTS = ("fit", "predict", "collect", "plots")
+PAUSING_SCRIPTS = ("fit", "predict", "collect", "plots", "collect_predictions", "prediction_plots")
 
 
 def run_python(code: str) -> list[str]:
@@ -55,3 +55,19 @@ def test_the_rule_scripts_pause_the_collector_before_any_other_import() -> None:
         body = ast.parse((scripts / f"{name}.py").read_text()).body[1:]  # after the docstring
         assert ast.unparse(body[0]) == "from batchfit.common import collector", name
         assert ast.unparse(body[1]) == "collector.pause()", name
+
+
+def test_paused_runs_its_block_without_the_collector_and_leaves_it_as_it_was() -> None:
+    code = """
+import gc
+from batchfit.common import collector
+
+with collector.paused():
+    print(gc.isenabled())
+print(gc.isenabled())
+gc.disable()
+with collector.paused():
+    pass
+print(gc.isenabled())
+"""
+    assert run_python(code) == ["False", "True", "False"]

@@ -11,15 +11,18 @@ cycles) is collected as before, without walking the imports each time. The price
 the imports is kept until the process ends.
 
 `resume` does nothing in a process that did not `pause` (a notebook calling ``batchfit.predict``, a
-test): batchfit never freezes a heap it does not own. Snakemake's main process ends with `freeze`
-(`batchfit.compat.snakemake.exit_run`): the interpreter's collections at exit then skip Snakemake's
-heap. The trade Instagram describes:
+test): batchfit never freezes a heap it does not own. `paused` runs one short step of any process
+without the collector (building and loading a compiled model's graphs and callbacks). Snakemake's main
+process ends with `freeze` (the workflow's ``end_run``): the interpreter's collections at exit then
+skip Snakemake's heap. The trade Instagram describes:
 https://instagram-engineering.com/dismissing-python-garbage-collection-at-instagram-4dca40b29172
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 _paused = False
 
@@ -46,3 +49,22 @@ def resume() -> None:
 def freeze() -> None:
     """Move every object alive to the permanent generation, which no collection walks (``gc.freeze``)."""
     gc.freeze()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Run the block without the collector, then let it run as before.
+
+    For short, bounded steps whose objects all survive: loading a compiled model imports numba's
+    and PyTensor's dispatch modules (unpickling numba's environments does) and builds graphs, and
+    each allocation burst would set off collections that walk the whole heap, pymc's and
+    pytensor's included. Garbage made meanwhile is collected once the collector runs again. Long
+    steps (a compile) are never run paused.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

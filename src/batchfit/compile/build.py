@@ -6,14 +6,12 @@ The one path from a model to its callbacks: computes the content key, then
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from batchfit.cache.heal import retry_after_healing
 from batchfit.cache.store import CacheDir, get_or_build
+from batchfit.common.collector import paused
 from batchfit.common.standby import Standby
 from batchfit.compat.nutpie import import_nutpie
 from batchfit.compile.callbacks import WrapperSpec
@@ -33,7 +31,7 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
     this job may use, or a `Standby` of workers already starting) allows (see module docstring
     and `build_in_child`); without it, in this process.
     """
-    with collector_paused():
+    with paused():
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)
 
@@ -51,36 +49,16 @@ def compile_model(model: Any, cache: CacheDir, *, source: ModelSource | None = N
                                    lambda: build_entry(model, cache, key, graphs, NO_OUTPUTS))
 
     def load(entry: dict[str, Any]) -> tuple[WrapperSpec, Any, Any]:
-        with collector_paused():
+        with paused():
             return load_callbacks(cache, key, entry)
 
     fetched = get_or_build(cache, key, load=load, build=build, lock_timeout=lock_timeout)
     spec, logp, expand = fetched.value
 
     def functions() -> CompiledModel:
-        with collector_paused():
+        with paused():
             return CompiledModel(key, spec, logp, expand, model, CompileReport.of(fetched),
                                  functions=prepared[0] if prepared else None)
 
     # The per-process functions compile through PyTensor, which reads its own files in the cache.
     return retry_after_healing(cache, f"cache entry {key[:12]}", functions)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Run the block without Python's cyclic garbage collector.
-
-    A warm start imports numba's and PyTensor's dispatch modules (unpickling numba's environments
-    does) and builds graphs: hundreds of thousands of objects that all survive, and each allocation
-    burst sets off collections that walk the whole heap, pymc's and pytensor's included: a
-    noticeable part of every warm start, saved by pausing the collector for these short, bounded
-    steps. Garbage made meanwhile is collected
-    once the collector runs again. Long steps (a compile) are never run paused.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

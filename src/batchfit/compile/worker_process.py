@@ -20,10 +20,10 @@ from pathlib import Path
 
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import open_cache
+from batchfit.common.collector import paused
 from batchfit.common.quick_exit import quick_exit
 from batchfit.compat.numba import compiling_once
 from batchfit.compat.pytensor import cached_by_pytensor
-from batchfit.compile.build import collector_paused
 from batchfit.compile.entry import build_entry
 from batchfit.compile.graphs import SamplerGraphs, sampler_key
 from batchfit.compile.worker_pool import DAMAGED_EXIT, PARTS, UNSUPPORTED_EXIT
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = json.loads(args.params)
     dataset = pickle.loads(Path(args.dataset).read_bytes())  # written by this worker's parent, the same code
     model = build_model(load_model_file(Path(args.model_file)), dataset, params)
-    with collector_paused():
+    with paused():
         graphs = SamplerGraphs.of(model)
         key = sampler_key(model, graphs)
     if key != args.key:

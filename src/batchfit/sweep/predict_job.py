@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from batchfit.common import collector
 from batchfit.config import Config
 from batchfit.errors import BatchfitError, ConfigError, DatasetError
 from batchfit.predictions.batch import predict_batch
@@ -60,6 +61,7 @@ def stage_predict_job(config: Config, batch: str, stamp: Path, directory: Path) 
 def run_collect_predictions(config: Config, batch_outputs: Sequence[str | Path] = ()) -> str:
     """predictions.csv and prediction_failures.csv of the sweep (adopting the predict jobs' own outputs first),
     and the failed predictions for the run's verdict. The datasets are those of the plan the run recorded."""
+    collector.resume()  # the job's imports are done: they live to the end
     line = collect_predictions(config, sweep_predict_plan(config, job=True).predicted, batch_outputs)
     write_prediction_verdict(config)
     return line
@@ -71,6 +73,7 @@ def run_prediction_plots(config: Config) -> list[Path]:
     # processes would pay for nothing.
     from batchfit.predictions.plots import write_prediction_plots
 
+    collector.resume()  # matplotlib's imports are done: they live to the end
     return write_prediction_plots(config, sweep_predict_plan(config, job=True).predicted)
 
 
