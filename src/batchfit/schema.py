@@ -78,7 +78,14 @@ def _wrapped(head: str, items: list[str]) -> list[str]:
 def config_schema() -> dict[str, Any]:
     """The packaged JSON Schema of the config: the workflow's, which its Snakemake `validate` reads."""
     schema = importlib.resources.files("batchfit").joinpath("workflow", "schemas", "config.schema.yaml")
-    return yaml.safe_load(schema.read_text("utf-8"))
+    return yaml.load(schema.read_text("utf-8"), Loader=_SCHEMA_LOADER)
+
+
+# Every job of a sweep reads the schema once, before its work: libyaml's safe loader (the C extension PyYAML's
+# wheels ship) reads it in a fraction of the pure-Python loader's time, to the same value (tests/unit/test_config.py).
+# The pure-Python one where PyYAML was built without libyaml. A user's config keeps yaml.safe_load: its
+# errors' marks are the ones users know.
+_SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:

@@ -398,6 +398,16 @@ def _objects(schema: dict, where: str = "") -> list[tuple[str, dict]]:
     return found
 
 
+def test_the_schema_reads_as_pythons_yaml_loader_reads_it() -> None:
+    """config_schema reads the file with libyaml's loader (faster, every job reads it): the same value as the
+    pure-Python safe loader's, types included (a libyaml difference would change a default)."""
+    text = (REPO / "src" / "batchfit" / "workflow" / "schemas" / "config.schema.yaml").read_text("utf-8")
+    expected = yaml.load(text, Loader=yaml.SafeLoader)
+    assert yaml.__with_libyaml__  # PyYAML's wheels ship it: else this compares the pure-Python loader with itself
+    assert json.dumps(config_schema(), sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert config_schema() == expected
+
+
 def test_every_object_forbids_unknown_keys_and_every_key_is_described() -> None:
     for where, obj in _objects(config_schema()):
         assert obj.get("additionalProperties") is False, where
