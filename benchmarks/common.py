@@ -49,8 +49,15 @@ def fresh_dir(path: Path) -> Path:
 
 
 def child_env(pytensor_dir: Path | None = None) -> dict[str, str]:
-    """The environment for a child process: no inherited PyTensor compile directory, or exactly ``pytensor_dir``."""
+    """The environment for a child process: no inherited PyTensor compile directory, or exactly ``pytensor_dir``.
+
+    Python's bytecode cache on, as in a user's environment: a ``PYTHONDONTWRITEBYTECODE`` set where the
+    benchmark runs (a sandbox's setting) would make every process compile batchfit's sources again
+    (its editable install has no ``.pyc`` files but those Python writes), which an installed package,
+    whose ``.pyc`` files pip writes, never does. Every method gets the same environment.
+    """
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     flags = [f for f in env.get("PYTENSOR_FLAGS", "").split(",") if f and not f.startswith("base_compiledir=")]
     if pytensor_dir is not None:
         flags.append(f"base_compiledir={pytensor_dir}")
