@@ -13,7 +13,7 @@ import sys
 from batchfit.project import workflow_snakefile
 
 # The rule scripts whose jobs resume the collector where their work begins.
-PAUSING_SCRIPTS = ("fit", "predict", "collect", "plots", "collect_predictions", "prediction_plots")
+PAUSING_SCRIPTS = ("compile", "fit", "predict", "collect", "plots", "collect_predictions", "prediction_plots")
 
 
 def run_python(code: str) -> list[str]:

@@ -114,6 +114,30 @@ def test_a_worker_that_dies_is_batchfits_failure_with_its_last_words(tmp_path, s
     assert "the worker's last words" in "".join(failure.value.__notes__)
 
 
+def test_the_worker_imports_without_the_garbage_collector_and_compiles_with_it(tmp_path):
+    """A compile worker pauses Python's garbage collector for its imports and the model (they live to its end)
+    and compiles with it on, that start frozen out of it (`batchfit.common.collector`): its model file, run in
+    the worker, records the collector's state there and where the compile (``build_entry``) begins. Cold, in a
+    cache of its own: a hit compiles nothing."""
+    source = WARNING_MODEL.format(tag="collector", centre="0.125") + textwrap.dedent(f"""
+        import gc, os, sys
+        if sys.argv[0].endswith(os.path.join("compile", "worker_process.py")):
+            worker = sys.modules["__main__"]  # the worker's module: build_entry is looked up when the compile begins
+            compile_entry = worker.build_entry
+            def recorded(*args, **kwargs):
+                with open({str(tmp_path / "collector.txt")!r}, "a") as out:
+                    out.write(f"compile {{gc.isenabled()}} {{gc.get_freeze_count() > 0}}\\n")
+                return compile_entry(*args, **kwargs)
+            worker.build_entry = recorded
+            with open({str(tmp_path / "collector.txt")!r}, "a") as out:
+                out.write(f"model {{gc.isenabled()}}\\n")
+    """)
+    with pytest.warns(UserWarning, match="says"):
+        compiled = compile_in_child(tmp_path, source, tmp_path / "cache")
+    assert not compiled.report.hit
+    assert (tmp_path / "collector.txt").read_text().splitlines() == ["model False", "compile True True"]
+
+
 def test_the_job_imports_nutpie_and_builds_its_functions_while_the_worker_compiles(tmp_path):
     """A cold compile job imports nutpie and builds the per-process functions while the worker
     compiles, not after it, in its main thread (in a fresh process, since the test session has

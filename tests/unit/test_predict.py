@@ -510,7 +510,7 @@ def test_the_predict_and_collect_predictions_jobs_do_not_import_matplotlib() -> 
 
 def test_each_jobs_work_runs_with_the_garbage_collector_on_after_a_paused_start(pk_sweep: Path, session_cache: Path,
                                                                                  tmp_path: Path) -> None:
-    """The rule scripts of fit, collect, plots, predict and the predictions' collect and plots pause Python's
+    """The rule scripts of compile, fit, collect, plots, predict and the predictions' collect and plots pause Python's
     garbage collector before their imports (`batchfit.common.collector`); each job's work must turn it back
     on, its set-up frozen out of it. In one process that pauses before each job, as each rule script does, on
     a copy of the sweep."""
@@ -530,6 +530,7 @@ from batchfit.fitting.batch import fit_batch
 from batchfit.outputs.plots import write_plots
 from batchfit.sweep.collect_job import run_collect
 from batchfit.sweep.predict_job import run_collect_predictions, run_predict, run_prediction_plots
+from batchfit.sweep.stages import run_compile
 
 class Node:
     pass
@@ -539,8 +540,9 @@ def garbage():  # a reference cycle, unreachable: only a collection frees it, un
     return weakref.ref(node)
 
 config = load_config({str(path)!r})
-jobs = {{"fit": lambda: fit_batch(config, ["s1"], batch_id="batch-s1"), "collect": lambda: run_collect(config),
-        "plots": lambda: write_plots(config), "predict": lambda: run_predict(config, ["s1"]),
+jobs = {{"compile": lambda: run_compile(config), "fit": lambda: fit_batch(config, ["s1"], batch_id="batch-s1"),
+        "collect": lambda: run_collect(config), "plots": lambda: write_plots(config),
+        "predict": lambda: run_predict(config, ["s1"]),
         "collect_predictions": lambda: run_collect_predictions(config),
         "prediction_plots": lambda: run_prediction_plots(config)}}
 for name, job in jobs.items():
@@ -553,5 +555,5 @@ for name, job in jobs.items():
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("job ")]
-    assert lines == [[name, "True", "True"] for name in ("fit", "collect", "plots", "predict", "collect_predictions",
-                                                           "prediction_plots")]
+    assert lines == [[name, "True", "True"] for name in ("compile", "fit", "collect", "plots", "predict",
+                                                           "collect_predictions", "prediction_plots")]

@@ -10,6 +10,9 @@ runs again, so the work's own garbage (a model per dataset, whose PyTensor graph
 cycles) is collected as before, without walking the imports each time. The price: cyclic garbage of
 the imports is kept until the process ends.
 
+A compile worker (`batchfit.compile.worker_process`) does the same: paused for its imports and the model, resumed
+where its compile begins, whose garbage (numba's IR and types) is collected as before.
+
 `resume` does nothing in a process that did not `pause` (a notebook calling ``batchfit.predict``, a
 test): batchfit never freezes a heap it does not own. `paused` runs one short step of any process
 without the collector (building and loading a compiled model's graphs and callbacks). Snakemake's main

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import open_cache
+from batchfit.common import collector
 from batchfit.common.collector import paused
 from batchfit.common.quick_exit import quick_exit
 from batchfit.compat.numba import compiling_once
@@ -100,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "must build the same model from the same dataset every time"}))
         return UNSUPPORTED_EXIT
     outputs = json.loads(args.outputs)
+    collector.resume()  # the compile's own garbage (numba's IR and types) is collected, the heap so far is not walked
     try:
         with compiling_once(Path(args.claims), cached_by_pytensor) if args.claims else contextlib.nullcontext():
             manifest = build_entry(model, cache, key, graphs, OutputSettings(
@@ -119,4 +121,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    collector.pause()  # the imports and the model live to the end (batchfit.common.collector); main resumes
     quick_exit(main())  # the work is done, its files closed: no interpreter teardown

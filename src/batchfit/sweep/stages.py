@@ -19,6 +19,7 @@ from typing import Any
 
 from batchfit.cache.bundle import write_bundle
 from batchfit.cache.store import open_cache, read_entry
+from batchfit.common import collector
 from batchfit.common.standby import Standby
 from batchfit.compile.worker_pool import compile_workers, worker_environment
 from batchfit.config import Config
@@ -58,6 +59,7 @@ def run_compile(config: Config, *, workers: int | Standby = 1, bundle: Path | No
 
         cache, _, ref = prepare(config)
         fitter = Fitter(config, ref, cache, compile_workers=standby)
+    collector.resume()  # the imports, the reference model and the compiled function live to the end
     structure = fitter.reference
     # a sampler setting the reference's path cannot honour stops the sweep here, before any fit job
     fitter.check_settings(structure, ref.model, ref.dataset, reference=True)

@@ -1,5 +1,9 @@
 """Snakemake rule `compile`: fill the compiled-function cache before the fit jobs, and write its bundle."""
-from batchfit.compile.worker_pool import compile_workers
+from batchfit.common import collector
+
+collector.pause()  # before the imports: they live until the job ends (batchfit.common.collector)
+
+from batchfit.compile.worker_pool import compile_workers  # noqa: E402
 
 # Started first: the worker a miss waits for imports beside this script's own imports.
 with compile_workers(snakemake.threads) as workers:
@@ -10,6 +14,6 @@ with compile_workers(snakemake.threads) as workers:
     with log_to(snakemake.log[0]):
         run_compile(config, workers=workers, bundle=snakemake.output.bundle).write(snakemake.output.stamp)
 
-from batchfit.common.quick_exit import quick_exit
+from batchfit.common.quick_exit import quick_exit  # noqa: E402
 
 quick_exit()  # the job is done and its outputs closed: skip the interpreter's teardown
