@@ -21,7 +21,6 @@ from pathlib import Path
 from batchfit.cache.heal import is_damage_error
 from batchfit.cache.store import open_cache
 from batchfit.common import collector
-from batchfit.common.collector import paused
 from batchfit.common.quick_exit import quick_exit
 from batchfit.compat.numba import compiling_once
 from batchfit.compat.pytensor import cached_by_pytensor
@@ -92,9 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = json.loads(args.params)
     dataset = pickle.loads(Path(args.dataset).read_bytes())  # written by this worker's parent, the same code
     model = build_model(load_model_file(Path(args.model_file)), dataset, params)
-    with paused():
-        graphs = SamplerGraphs.of(model)
-        key = sampler_key(model, graphs)
+    graphs = SamplerGraphs.of(model)  # still paused (the __main__ block): the graphs live to the end
+    key = sampler_key(model, graphs)
     if key != args.key:
         print(json.dumps({"unsupported": f"the model built from {args.model_file} differs between processes "
                                          f"(key {key[:12]} != {args.key[:12]}): for the cached path, build_model "
